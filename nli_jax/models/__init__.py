@@ -1,0 +1,16 @@
+"""Flax NNX encoders (BERT, ALBERT, XLM-R) and their heads."""
+from nli_jax.models.config import ConfigError, EncoderConfig
+from nli_jax.models.encoder import Encoder
+from nli_jax.models.models import (EncoderModel, ForMaskedLM, ForMultiAspectClassification, ForSequenceClassification,
+                                   ForTokenClassification, PretrainedModel)
+from nli_jax.models.presets import PAPER_PARAMETER_COUNTS, PRESETS, preset
+
+__all__ = ["ConfigError", "EncoderConfig", "Encoder", "EncoderModel", "ForMaskedLM", "ForMultiAspectClassification",
+           "ForSequenceClassification", "ForTokenClassification", "PretrainedModel", "PAPER_PARAMETER_COUNTS",
+           "PRESETS", "preset", "count_parameters"]
+
+
+def count_parameters(model) -> int:
+    import jax
+    from flax import nnx
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

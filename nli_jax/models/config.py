@@ -1,0 +1,184 @@
+"""Encoder configuration shared by BERT, ALBERT and XLM-R/RoBERTa.
+
+Field names follow Hugging Face's config.json so that import and export are a direct copy;
+`from_hf_dict` / `to_hf_dict` are the only places that know about the differences.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta")
+
+# Hugging Face activation names -> ours. "gelu" is the exact erf form; "gelu_new" and
+# "gelu_pytorch_tanh" are the tanh approximation.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot be built; the message names the offending key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    model_type: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # ALBERT: factorised embeddings and cross-layer sharing. None means "as hidden_size".
+    embedding_size: int | None = None
+    num_hidden_groups: int = 1
+    inner_group_num: int = 1
+    # Dropout before a classification head; None means hidden_dropout_prob (as in BERT).
+    classifier_dropout: float | None = None
+    # Compute dtype; parameters are always float32.
+    dtype: str = "float32"
+    # Rematerialise each layer in the backward pass (long sequences, big models).
+    remat: bool = False
+    # Hugging Face fields we do not use but keep for a faithful export (bos/eos ids, ...).
+    extra: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"unknown model_type {self.model_type!r}; expected one of {MODEL_TYPES}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"unknown hidden_act {self.hidden_act!r}; expected one of {ACTIVATIONS}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; expected one of {tuple(_DTYPES)}")
+        if self.is_albert and self.num_hidden_layers % self.num_hidden_groups:
+            raise ConfigError(f"num_hidden_layers {self.num_hidden_layers} is not divisible by "
+                              f"num_hidden_groups {self.num_hidden_groups}")
+
+    # --- derived properties -------------------------------------------------------------
+    @property
+    def is_albert(self) -> bool:
+        return self.model_type == "albert"
+
+    @property
+    def is_roberta(self) -> bool:
+        return self.model_type in ("xlm-roberta", "roberta")
+
+    @property
+    def embed_dim(self) -> int:
+        """Width of the embedding tables (ALBERT's factorised E, else hidden_size)."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def compute_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def position_offset(self) -> int:
+        """RoBERTa numbers positions from pad_token_id + 1; BERT and ALBERT from 0."""
+        return self.pad_token_id + 1 if self.is_roberta else 0
+
+    @property
+    def classifier_dropout_rate(self) -> float:
+        return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
+
+    def layer_schedule(self) -> tuple[int, ...]:
+        """Which unique layer runs at each depth.
+
+        BERT: one layer per depth. ALBERT: `num_hidden_groups` groups of `inner_group_num`
+        layers; depth i uses group i // (num_hidden_layers // num_hidden_groups) and runs all of
+        that group's inner layers, exactly as Hugging Face's AlbertTransformer does.
+        """
+        if not self.is_albert:
+            return tuple(range(self.num_hidden_layers))
+        per_group = self.num_hidden_layers // self.num_hidden_groups
+        schedule = []
+        for depth in range(self.num_hidden_layers):
+            group = depth // per_group
+            schedule.extend(group * self.inner_group_num + j for j in range(self.inner_group_num))
+        return tuple(schedule)
+
+    @property
+    def num_unique_layers(self) -> int:
+        return self.num_hidden_groups * self.inner_group_num if self.is_albert else self.num_hidden_layers
+
+    def replace(self, **changes) -> "EncoderConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown EncoderConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    # --- Hugging Face config.json -------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "EncoderConfig":
+        if "model_type" not in d:
+            raise ConfigError("config.json has no 'model_type'")
+        model_type = d["model_type"]
+        if model_type not in MODEL_TYPES:
+            raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports {MODEL_TYPES}")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "dtype", "remat", "model_type"}
+        kwargs: dict[str, Any] = {"model_type": model_type}
+        for name in names:
+            if name in d and d[name] is not None:
+                kwargs[name] = d[name]
+        if model_type == "albert":
+            kwargs.setdefault("classifier_dropout", d.get("classifier_dropout_prob"))
+            kwargs.setdefault("hidden_act", "gelu_new")  # HF AlbertConfig default
+        if model_type != "albert":
+            kwargs.pop("embedding_size", None)
+            kwargs.pop("num_hidden_groups", None)
+            kwargs.pop("inner_group_num", None)
+        if model_type in ("xlm-roberta", "roberta"):
+            kwargs.setdefault("pad_token_id", 1)
+            kwargs.setdefault("layer_norm_eps", 1e-5)
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise ConfigError(f"position_embedding_type {d['position_embedding_type']!r} is not supported (only 'absolute')")
+        skip = names | {"model_type", "architectures", "transformers_version", "classifier_dropout_prob",
+                        "position_embedding_type", "dtype", "torch_dtype"}
+        kwargs["extra"] = {k: v for k, v in d.items() if k not in skip}
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            model_type=self.model_type,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            hidden_act=self.hidden_act,
+            hidden_dropout_prob=self.hidden_dropout_prob,
+            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
+            max_position_embeddings=self.max_position_embeddings,
+            type_vocab_size=self.type_vocab_size,
+            initializer_range=self.initializer_range,
+            layer_norm_eps=self.layer_norm_eps,
+            pad_token_id=self.pad_token_id,
+            position_embedding_type="absolute",
+            dtype="float32",
+        )
+        if self.is_albert:
+            d.update(embedding_size=self.embed_dim, num_hidden_groups=self.num_hidden_groups,
+                     inner_group_num=self.inner_group_num, classifier_dropout_prob=self.classifier_dropout_rate)
+        else:
+            d["classifier_dropout"] = self.classifier_dropout
+        if architectures:
+            d["architectures"] = list(architectures)
+        return d

@@ -1,0 +1,176 @@
+"""BERT / ALBERT / XLM-R encoders in Flax NNX.
+
+One `Encoder` covers the three families; the differences are all in `EncoderConfig`:
+ALBERT factorises the embeddings (E -> H projection) and shares layers across depth,
+XLM-R/RoBERTa numbers positions from pad_token_id + 1.
+
+Every parameter carries logical axis names (vocab, embed, heads, kv, mlp, ...) as metadata;
+`nli_jax.train` maps them to mesh axes with rules, so model code never mentions the mesh.
+Parameters are float32; activations use `config.dtype`; softmax and LayerNorm statistics are
+computed in float32.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nli_jax.models.config import EncoderConfig
+
+# Logical axis names used on parameters. Activations use "batch" and "length" as well.
+VOCAB, EMBED, HIDDEN, HEADS, KV, MLP, POSITION, TYPE, NORM = (
+    "vocab", "embed", "hidden", "heads", "kv", "mlp", "position", "token_type", "norm")
+
+
+def partitioned(init, *axes):
+    """An initializer whose parameter carries logical axis names.
+
+    eager_sharding=False: the names are metadata only; the trainer shards by its rules.
+    """
+    return nnx.with_partitioning(init, axes, eager_sharding=False)
+
+
+def normal(config: EncoderConfig):
+    return nnx.initializers.normal(stddev=config.initializer_range)
+
+
+def activation(name: str):
+    if name == "gelu":
+        return functools.partial(jax.nn.gelu, approximate=False)
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return functools.partial(jax.nn.gelu, approximate=True)
+    return {"relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu, "tanh": jnp.tanh}[name]
+
+
+def dense(config: EncoderConfig, din: int, dout: int, axes: tuple[str, str], *, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        din, dout, dtype=config.compute_dtype, param_dtype=jnp.float32,
+        kernel_init=partitioned(normal(config), *axes), bias_init=partitioned(nnx.initializers.zeros, axes[1]),
+        rngs=rngs)
+
+
+def layer_norm(config: EncoderConfig, dim: int, axis: str, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # LayerNorm in float32: bf16 statistics lose too much precision.
+    return nnx.LayerNorm(
+        dim, epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32,
+        scale_init=partitioned(nnx.initializers.ones, axis), bias_init=partitioned(nnx.initializers.zeros, axis),
+        rngs=rngs)
+
+
+class Embeddings(nnx.Module):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        e = config.embed_dim
+        emb = lambda n, axes: nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                                        embedding_init=partitioned(normal(config), *axes), rngs=rngs)
+        self.word = emb(config.vocab_size, (VOCAB, EMBED))
+        self.position = emb(config.max_position_embeddings, (POSITION, EMBED))
+        self.token_type = emb(config.type_vocab_size, (TYPE, EMBED))
+        self.norm = layer_norm(config, e, EMBED, rngs=rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob, rngs=rngs)
+
+    def position_ids(self, input_ids):
+        c = self.config
+        if c.is_roberta:
+            # As Hugging Face's create_position_ids_from_input_ids: padding tokens keep the
+            # padding index, real tokens count up from pad_token_id + 1.
+            not_pad = (input_ids != c.pad_token_id).astype(jnp.int32)
+            return jnp.cumsum(not_pad, axis=1) * not_pad + c.pad_token_id
+        return jnp.broadcast_to(jnp.arange(input_ids.shape[1])[None, :], input_ids.shape)
+
+    def __call__(self, input_ids, token_type_ids, *, deterministic: bool):
+        if input_ids.shape[1] + self.config.position_offset > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
+                             f"{self.config.max_position_embeddings} (offset {self.config.position_offset})")
+        x = self.word(input_ids) + self.position(self.position_ids(input_ids)) + self.token_type(token_type_ids)
+        x = self.norm(x.astype(jnp.float32)).astype(self.config.compute_dtype)
+        return self.dropout(x, deterministic=deterministic)
+
+
+class SelfAttention(nnx.Module):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        h, n, d = config.hidden_size, config.num_attention_heads, config.head_dim
+        proj = lambda: nnx.LinearGeneral(
+            h, (n, d), dtype=config.compute_dtype, param_dtype=jnp.float32,
+            kernel_init=partitioned(normal(config), EMBED, HEADS, KV),
+            bias_init=partitioned(nnx.initializers.zeros, HEADS, KV), rngs=rngs)
+        self.query, self.key, self.value = proj(), proj(), proj()
+        self.output = nnx.LinearGeneral(
+            (n, d), h, axis=(-2, -1), dtype=config.compute_dtype, param_dtype=jnp.float32,
+            kernel_init=partitioned(normal(config), HEADS, KV, EMBED),
+            bias_init=partitioned(nnx.initializers.zeros, EMBED), rngs=rngs)
+        self.attention_dropout = nnx.Dropout(config.attention_probs_dropout_prob, rngs=rngs)
+
+    def __call__(self, x, attention_mask, *, deterministic: bool):
+        q, k, v = self.query(x), self.key(x), self.value(x)  # [batch, length, heads, kv]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(self.config.head_dim))
+        # Masked keys get the most negative finite value, as Hugging Face's additive mask does,
+        # so even all-padding rows stay finite.
+        scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.config.compute_dtype)
+        probs = self.attention_dropout(probs, deterministic=deterministic)
+        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        return self.output(context)
+
+
+class TransformerLayer(nnx.Module):
+    """Post-LayerNorm transformer layer (BERT and ALBERT share this shape)."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.attention = SelfAttention(config, rngs=rngs)
+        self.attention_norm = layer_norm(config, config.hidden_size, EMBED, rngs=rngs)
+        self.mlp_in = dense(config, config.hidden_size, config.intermediate_size, (EMBED, MLP), rngs=rngs)
+        self.mlp_out = dense(config, config.intermediate_size, config.hidden_size, (MLP, EMBED), rngs=rngs)
+        self.mlp_norm = layer_norm(config, config.hidden_size, EMBED, rngs=rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob, rngs=rngs)
+        self.act = activation(config.hidden_act)
+
+    def __call__(self, x, attention_mask, deterministic: bool):
+        dtype = self.config.compute_dtype
+        attn = self.dropout(self.attention(x, attention_mask, deterministic=deterministic), deterministic=deterministic)
+        x = self.attention_norm((attn + x).astype(jnp.float32)).astype(dtype)
+        y = self.mlp_out(self.act(self.mlp_in(x)))
+        y = self.dropout(y, deterministic=deterministic)
+        return self.mlp_norm((y + x).astype(jnp.float32)).astype(dtype)
+
+
+def _run_layer(layer: TransformerLayer, x, attention_mask, deterministic: bool):
+    return layer(x, attention_mask, deterministic)
+
+
+_run_layer_remat = nnx.remat(_run_layer, static_argnums=(3,))
+
+
+class Encoder(nnx.Module):
+    """Embeddings + transformer stack (+ optional pooler). Returns (hidden_states, pooled)."""
+
+    def __init__(self, config: EncoderConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = Embeddings(config, rngs=rngs)
+        if config.embed_dim != config.hidden_size:
+            self.embedding_projection = dense(config, config.embed_dim, config.hidden_size, (EMBED, HIDDEN), rngs=rngs)
+        else:
+            self.embedding_projection = None
+        self.layers = nnx.List([TransformerLayer(config, rngs=rngs) for _ in range(config.num_unique_layers)])
+        self.schedule = config.layer_schedule()
+        self.pooler = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if add_pooler else None
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids, dtype=bool)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        attention_mask = attention_mask.astype(bool)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)
+        run = _run_layer_remat if self.config.remat else _run_layer
+        for index in self.schedule:
+            x = run(self.layers[index], x, attention_mask, deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        return x, pooled

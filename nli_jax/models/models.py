@@ -1,0 +1,120 @@
+"""Task models: an `Encoder` plus a head. Each maps to Hugging Face PyTorch classes for I/O.
+
+    model = ForSequenceClassification.from_pretrained("path/to/indobert-large-p2", num_labels=3)
+    logits = model(input_ids, attention_mask, token_type_ids, deterministic=True)
+    model.save_pretrained("out/")   # loads in transformers' BertForSequenceClassification
+"""
+from __future__ import annotations
+
+from flax import nnx
+
+from nli_jax.models.config import EncoderConfig
+from nli_jax.models.encoder import Encoder
+from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, SentenceHead, SequenceClassificationHead,
+                                  TokenClassificationHead)
+
+
+class PretrainedModel(nnx.Module):
+    """Adds Hugging Face-style `from_pretrained` / `save_pretrained` to a task model."""
+
+    config: EncoderConfig
+
+    def head_arguments(self) -> dict:
+        """Constructor arguments beyond the config (num_labels, ...), saved with the model."""
+        return {}
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs):
+        from nli_jax.checkpoints import hf
+        return hf.from_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, path: str, *, tokenizer=None) -> None:
+        from nli_jax.checkpoints import hf
+        hf.save_pretrained(self, path, tokenizer=tokenizer)
+
+
+class EncoderModel(PretrainedModel):
+    def __init__(self, config: EncoderConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
+        self.config = config
+        self.encoder = Encoder(config, add_pooler=add_pooler, rngs=rngs)
+
+    def head_arguments(self):
+        return {"add_pooler": self.encoder.pooler is not None}
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return {"hidden_states": hidden, "pooled": pooled}
+
+
+class ForMaskedLM(PretrainedModel):
+    """MLM head, plus the NSP (BERT) / SOP (ALBERT) head when `sentence_head` (pretraining).
+
+    `masked_positions` [batch, predictions]: compute MLM logits only there.
+    """
+
+    def __init__(self, config: EncoderConfig, *, sentence_head: bool = False, rngs: nnx.Rngs):
+        self.config = config
+        self.encoder = Encoder(config, add_pooler=sentence_head, rngs=rngs)
+        self.mlm = MaskedLMHead(config, rngs=rngs)
+        self.sentence = SentenceHead(config, rngs=rngs) if sentence_head else None
+
+    def head_arguments(self):
+        return {"sentence_head": self.sentence is not None}
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, masked_positions=None,
+                 deterministic: bool = True):
+        hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        out = {"mlm_logits": self.mlm(hidden, self.encoder.embeddings.word.embedding[...], masked_positions)}
+        if self.sentence is not None:
+            out["sentence_logits"] = self.sentence(pooled)
+        return out
+
+
+class ForSequenceClassification(PretrainedModel):
+    def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
+        self.config = config
+        self.num_labels = num_labels
+        # RoBERTa's classification head has its own dense layer instead of the pooler.
+        self.encoder = Encoder(config, add_pooler=not config.is_roberta, rngs=rngs)
+        self.classifier = SequenceClassificationHead(config, num_labels, rngs=rngs)
+
+    def head_arguments(self):
+        return {"num_labels": self.num_labels}
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return self.classifier(hidden, pooled, deterministic=deterministic)
+
+
+class ForTokenClassification(PretrainedModel):
+    """Logits for every sub-word token; word-level alignment is the task's encoding's job."""
+
+    def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
+        self.config = config
+        self.num_labels = num_labels
+        self.encoder = Encoder(config, add_pooler=False, rngs=rngs)
+        self.classifier = TokenClassificationHead(config, num_labels, rngs=rngs)
+
+    def head_arguments(self):
+        return {"num_labels": self.num_labels}
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        hidden, _ = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return self.classifier(hidden, deterministic=deterministic)
+
+
+class ForMultiAspectClassification(PretrainedModel):
+    """[batch, aspects, labels] logits: one softmax per aspect (CASA, HoASA)."""
+
+    def __init__(self, config: EncoderConfig, *, num_aspects: int, num_labels: int, rngs: nnx.Rngs):
+        self.config = config
+        self.num_aspects, self.num_labels = num_aspects, num_labels
+        self.encoder = Encoder(config, add_pooler=True, rngs=rngs)
+        self.classifier = MultiAspectHead(config, num_aspects, num_labels, rngs=rngs)
+
+    def head_arguments(self):
+        return {"num_aspects": self.num_aspects, "num_labels": self.num_labels}
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        _, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return self.classifier(pooled, deterministic=deterministic)

