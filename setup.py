@@ -7,7 +7,7 @@ setup(
     description="JAX/Flax NNX encoders, pretraining and fine-tuning for IndoNLU, IndoNLI, OCNLI and InferES.",
     python_requires=">=3.10",
     packages=find_packages(include=["nli_jax*", "pretrain*", "finetune*", "configs*", "launch*"]),
-    include_package_data=True,
+    package_data={"nli_jax": ["data/fixtures/*/*"]},
     install_requires=[
         "jax>=0.10",
         "flax>=0.12.8",
@@ -25,6 +25,7 @@ setup(
         "grain>=0.2.18",
         "array-record",
         "tensorflow-datasets>=4.9.10",
+        "importlib_resources",  # needed by tfds (etils.epath) for builders defined in packages
         "tensorboardX",
     ],
     extras_require={

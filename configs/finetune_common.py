@@ -1,0 +1,92 @@
+"""Fields every fine-tuning config has; task configs override what their recipe says.
+
+Variants shrink only what must shrink for a CPU:  --config=configs/indonli_large.py:cpu_test
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.task = "indonli"
+    c.eval_splits = ("validation",)
+    c.seeds = ()  # e.g. (1, 2, 3): one run per seed in <workdir>/seed_N, mean ± std in results.json
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = ""  # local directory with the official files; empty = download them
+    c.data.tfds_dir = "~/tensorflow_datasets/nli_jax"  # where the array_record copies are written
+    c.data.max_seq_length = 128
+    c.data.buckets = (32, 64, 128, 256, 512)  # pad each batch to the smallest bucket that fits
+    c.data.pad_to_max_length = False  # True on TPU: one compiled shape
+    c.data.hypothesis_only = False
+    c.data.workers = 0  # grain worker processes
+
+    c.model = ml_collections.ConfigDict()
+    c.model.init = ""  # HF directory or hub id; empty = from scratch with `preset`
+    c.model.preset = "indobert-base"
+    c.model.tokenizer = ""  # default: the init directory
+    c.model.dtype = "float32"
+    c.model.remat = False
+    c.model.overrides = ml_collections.ConfigDict()  # EncoderConfig fields, e.g. hidden_dropout_prob
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "adam"
+    c.optimizer.lr = 1e-5
+    c.optimizer.schedule = "constant"
+    c.optimizer.warmup_steps = 0
+    c.optimizer.warmup_ratio = 0.0
+    c.optimizer.decay_rate = 0.9
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-8
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.grad_clip = 1.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.seed = 42
+    c.train.batch_size = 16
+    c.train.eval_batch_size = 64
+    c.train.accumulation_steps = 1
+    c.train.num_epochs = 10
+    c.train.max_steps = 0  # > 0 caps the run
+    c.train.log_every_steps = 50
+    c.train.eval_every_steps = 0  # 0 = once per epoch
+    c.train.checkpoint_every_steps = 0  # 0 = at every evaluation
+    c.train.keep_checkpoints = 2
+    c.train.async_checkpointing = True
+    c.train.early_stopping_patience = 3  # evaluations without improvement; 0 = off
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.shape = {"data": -1, "fsdp": 1, "tensor": 1}
+    from nli_jax.train.mesh import DEFAULT_RULES
+    c.mesh.rules = DEFAULT_RULES
+    return c
+
+
+def parse_arg(arg: str | None) -> dict:
+    """'cpu_test' or 'lr=3e-5,model=base' -> {'cpu_test': True} / {'lr': '3e-5', 'model': 'base'}."""
+    out = {}
+    for part in (arg or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        out[key] = value if value else True
+    return out
+
+
+def apply_cpu_test(c: ml_collections.ConfigDict) -> None:
+    """Tiny from-scratch model on the NLI fixture shipped in the package; runs offline."""
+    from nli_jax.data import fixture_path
+    c.data.source = fixture_path("nli_tiny")
+    c.data.tfds_dir = "/tmp/nli_jax_tfds"
+    c.data.max_seq_length = 64
+    c.model.init = ""
+    c.model.preset = "tiny-bert"
+    c.model.tokenizer = fixture_path("tiny_wordpiece")
+    c.optimizer.lr = 1e-3
+    c.optimizer.warmup_steps = 10
+    c.train.batch_size = 16
+    c.train.num_epochs = 6
+    c.train.log_every_steps = 10
+    c.train.early_stopping_patience = 0
+    c.train.async_checkpointing = False

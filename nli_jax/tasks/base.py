@@ -1,0 +1,63 @@
+"""The task registry. A task = its data (splits), encoding, model head, loss, predictions
+and report. The training loop knows nothing else about a task; adding one is one module that
+subclasses `Task` and calls `register`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+TASKS: dict[str, Callable[[], "Task"]] = {}
+
+
+def register(name: str):
+    def wrap(factory):
+        if name in TASKS:
+            raise ValueError(f"task {name!r} registered twice")
+        TASKS[name] = factory
+        return factory
+    return wrap
+
+
+def get_task(name: str) -> "Task":
+    import nli_jax.tasks  # noqa: F401  (registers the built-in tasks)
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
+    return TASKS[name]()
+
+
+class Task:
+    name: str = ""
+    primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
+    train_split: str = "train"
+    validation_split: str = "validation"
+
+    def load(self, config) -> dict[str, Any]:
+        """{split: random-access source of examples}, validated (errors name file and line)."""
+        raise NotImplementedError
+
+    def model_class_and_kwargs(self, config) -> tuple[type, dict]:
+        raise NotImplementedError
+
+    def encoder(self, config, tokenizer) -> Callable[[dict], dict]:
+        """example -> dict of numpy features (unpadded token fields)."""
+        raise NotImplementedError
+
+    def pad_values(self, tokenizer) -> dict[str, int]:
+        return {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": 0}
+
+    def loss(self, model, batch, deterministic: bool):
+        """(loss sum, weight sum, dict of metric sums) over the batch."""
+        raise NotImplementedError
+
+    def predict(self, model, batch) -> dict:
+        """Per-example outputs (arrays with the batch as first axis)."""
+        raise NotImplementedError
+
+    def report(self, split: str, examples: list[dict], predictions: dict[str, np.ndarray]) -> dict:
+        """Metrics of one split from its examples and predictions (aligned by position)."""
+        raise NotImplementedError
+
+    def prediction_records(self, split: str, examples: list[dict], predictions: dict[str, np.ndarray]) -> list[dict]:
+        raise NotImplementedError

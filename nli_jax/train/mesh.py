@@ -1,0 +1,112 @@
+"""Device mesh and the rules that map logical axis names to mesh axes.
+
+Parameters carry logical names (vocab, embed, heads, kv, mlp, ...). A config's rules decide
+the parallelism without touching model code, MaxText-style:
+
+    data parallel      mesh {data: -1}                (default)
+    FSDP               mesh {data: 1, fsdp: -1}       (embed -> fsdp shards the weights)
+    tensor parallel    mesh {data: -1, tensor: 4}     (heads / mlp / vocab -> tensor)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("hidden", None),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("position", None),
+    ("token_type", None),
+    ("labels", None),
+)
+
+
+def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = None) -> Mesh:
+    """A mesh over all devices with axes (data, fsdp, tensor); one size may be -1 (the rest).
+
+    Built as jax.sharding.Mesh with Auto axis types: jax.make_mesh now defaults to Explicit
+    axes, under which embedding gathers fail.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    shape = dict(shape or {"data": -1})
+    unknown = set(shape) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"unknown mesh axes {sorted(unknown)}; expected {MESH_AXES}")
+    sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {shape}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"{len(devices)} devices cannot fill mesh {shape}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
+    try:
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(sizes, devices=devices)
+    except Exception:  # non-TPU topologies with uneven host shapes
+        grid = np.asarray(devices).reshape(sizes)
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
+                    rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> P:
+    """PartitionSpec for an array with logical axis `names`; a dimension that the mesh axes do
+    not divide stays replicated, and no mesh axis is used twice."""
+    if names is None:
+        return P()
+    table = dict(rules)
+    used: set[str] = set()
+    out = []
+    for name, dim in zip(names, shape):
+        target = table.get(name)
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        if axes and dim % math.prod(mesh.shape[a] for a in axes) == 0:
+            used.update(axes)
+            out.append(axes[0] if len(axes) == 1 else axes)
+        else:
+            out.append(None)
+    return P(*out)
+
+
+def param_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> dict:
+    """NamedSharding for every parameter (as a pure dict, like nnx.to_pure_dict)."""
+    params = nnx.state(model, nnx.Param)
+    out = {}
+    for path, var in nnx.to_flat_state(params):
+        names = var.get_metadata().get("out_sharding")
+        out[path] = NamedSharding(mesh, logical_to_spec(names, var[...].shape, mesh, rules))
+    return nnx.to_pure_dict(nnx.from_flat_state(out))
+
+
+def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+    axes = tuple(a for a in (dict(rules).get("batch") or ()) if a in mesh.shape)
+    return NamedSharding(mesh, P(axes if axes else None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def put_global(tree, shardings):
+    """Host values (identical on every process) -> global arrays with `shardings`; works
+    multi-host, where device_put cannot address other processes' devices."""
+    def put(x, sharding):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return jax.tree.map(put, tree, shardings)

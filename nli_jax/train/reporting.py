@@ -1,0 +1,106 @@
+"""Progress log with ETA, TensorBoard summaries, results.json and predictions.jsonl."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+
+log = logging.getLogger("nli_jax")
+
+
+def setup_logging(workdir: str) -> None:
+    """Log to stdout and <workdir>/train.log (process 0 writes the file)."""
+    log.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers):
+        stream = logging.StreamHandler()
+        stream.setFormatter(fmt)
+        log.addHandler(stream)
+    for h in [h for h in log.handlers if isinstance(h, logging.FileHandler)]:
+        log.removeHandler(h)
+        h.close()
+    if jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
+        file = logging.FileHandler(os.path.join(workdir, "train.log"))
+        file.setFormatter(fmt)
+        log.addHandler(file)
+    log.propagate = False
+
+
+class Reporter:
+    def __init__(self, workdir: str, total_steps: int, start_step: int):
+        self.workdir = workdir
+        self.total_steps = total_steps
+        self.start_step = start_step
+        self.start_time = time.time()
+        self.last_time, self.last_step = self.start_time, start_step
+        self.examples = 0
+        self.tokens = 0
+        self.writer = None
+        if jax.process_index() == 0:
+            from tensorboardX import SummaryWriter
+            self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def count(self, examples: int, tokens: int) -> None:
+        self.examples += examples
+        self.tokens += tokens
+
+    def train(self, step: int, sums: dict, epoch: float) -> None:
+        now = time.time()
+        elapsed = max(now - self.last_time, 1e-9)
+        weight = max(float(sums["weight"]), 1.0)
+        scalars = {"train/loss": float(sums["loss_sum"]) / weight,
+                   "train/lr": float(sums["lr"]), "train/grad_norm": float(sums["grad_norm"]),
+                   "train/examples_per_s": self.examples / elapsed, "train/tokens_per_s": self.tokens / elapsed}
+        if "correct" in sums:
+            scalars["train/accuracy"] = float(sums["correct"]) / weight
+        done = step - self.start_step
+        rate = done / max(now - self.start_time, 1e-9)
+        eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
+        log.info("step %d/%d (epoch %.2f) loss %.4f%s lr %.2e | %.1f examples/s %.0f tokens/s | ETA %s",
+                 step, self.total_steps, epoch, scalars["train/loss"],
+                 f" acc {scalars['train/accuracy']:.3f}" if "train/accuracy" in scalars else "",
+                 scalars["train/lr"], scalars["train/examples_per_s"], scalars["train/tokens_per_s"], _duration(eta))
+        self.scalars(step, scalars)
+        self.last_time, self.last_step, self.examples, self.tokens = now, step, 0, 0
+
+    def scalars(self, step: int, scalars: dict) -> None:
+        if self.writer is not None:
+            for k, v in scalars.items():
+                if isinstance(v, (int, float)) and np.isfinite(v):
+                    self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _duration(seconds: float) -> str:
+    if not np.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def write_json(path: str, obj) -> None:
+    if jax.process_index() != 0:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: str, rows) -> None:
+    if jax.process_index() != 0:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,63 @@
+"""Pure, jitted train and eval steps shared by pretraining and fine-tuning.
+
+The train state is a plain pytree {params, opt_state, step}. Dropout keys are a function of
+(seed, step, micro-batch), so no RNG state needs checkpointing and a resumed run draws exactly
+the masks an uninterrupted one would. Losses are sums with their weights: the gradient of a
+global batch split into micro-batches (accumulation) equals the unsplit one.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulation_steps: int = 1):
+    base_key = jax.random.key(seed, impl="rbg")
+    rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
+
+    def loss_and_grads(params, batch, key):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p, rest)
+            nnx.reseed(model, dropout=key)
+            loss_sum, weight, sums = task.loss(model, batch, deterministic=False)
+            return loss_sum, (weight, sums)
+        (loss_sum, (weight, sums)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return grads, {"loss_sum": loss_sum, "weight": weight, **sums}
+
+    def train_step(state, batch):
+        params = state["params"]
+        step_key = jax.random.fold_in(base_key, state["step"])
+        if accumulation_steps == 1:
+            grads, sums = loss_and_grads(params, batch, step_key)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), batch)
+
+            def body(carry, xs):
+                index, mb = xs
+                g, s = loss_and_grads(params, mb, jax.random.fold_in(step_key, index))
+                return jax.tree.map(jnp.add, carry, (g, s)), None
+            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_and_grads(
+                params, jax.tree.map(lambda x: x[0], micro), step_key)))
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
+        # Mean over the weighted examples of the whole global batch.
+        grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "step": state["step"] + 1}
+        metrics = {**sums, "grad_norm": optax.global_norm(grads), "lr": schedule(state["step"])}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef, rest, task):
+    rest = nnx.to_pure_dict(rest)
+
+    def eval_step(params, batch):
+        model = nnx.merge(graphdef, params, rest)
+        loss_sum, weight, sums = task.loss(model, batch, deterministic=True)
+        predictions = {**task.predict(model, batch), "idx": batch["idx"]}
+        return {"loss_sum": loss_sum, "weight": weight, **sums}, predictions
+
+    return eval_step
