@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.buckets = (32, 64, 128, 256, 512)  # pad each batch to the smallest bucket that fits
     c.data.pad_to_max_length = False  # True on TPU: one compiled shape
     c.data.hypothesis_only = False
+    c.data.max_train_examples = 0  # > 0: train on the first N examples ("train" in eval_splits evaluates them)
     c.data.workers = 0  # grain worker processes
 
     c.model = ml_collections.ConfigDict()
@@ -26,7 +27,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.tokenizer = ""  # default: the init directory
     c.model.dtype = "float32"
     c.model.remat = False
-    c.model.overrides = ml_collections.ConfigDict()  # EncoderConfig fields, e.g. hidden_dropout_prob
+    # EncoderConfig fields to override (None = the checkpoint's / preset's value).
+    c.model.overrides = ml_collections.ConfigDict()
+    c.model.overrides.hidden_dropout_prob = ml_collections.config_dict.placeholder(float)
+    c.model.overrides.attention_probs_dropout_prob = ml_collections.config_dict.placeholder(float)
+    c.model.overrides.classifier_dropout = ml_collections.config_dict.placeholder(float)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adam"

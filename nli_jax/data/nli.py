@@ -190,6 +190,12 @@ def prepare(corpus_name: str, source: str | None, data_dir: str, *, download_dir
     config = tfds.core.BuilderConfig(name=f"files_{key}", description=f"from {source}")
     builder = cls(corpus=corpus, examples=examples, config=config, data_dir=data_dir, file_format="array_record")
     tfds.disable_progress_bar()
+    import jax
+    if jax.process_count() > 1:  # one writer; the others wait, then read what it wrote
+        from jax.experimental import multihost_utils
+        if jax.process_index() == 0:
+            builder.download_and_prepare()
+        multihost_utils.sync_global_devices(f"nli_jax prepare {corpus.name} {key}")
     builder.download_and_prepare()
     return {split: DecodedSource(builder.as_data_source(split=split)) for split in examples}
 

@@ -1,5 +1,5 @@
-"""grain input pipelines: per-process shard -> seeded shuffle (new order each epoch) ->
-encode (tokenise) -> batch with padding to a length bucket -> global jax.Array over the mesh.
+"""grain input pipelines: seeded shuffle (new order each epoch) -> this process's rows of each
+global batch -> encode (tokenise) -> batch with padding to a length bucket -> global jax.Array.
 
 Training iterators are grain DatasetIterators whose state is checkpointed with the model, so
 a resumed run continues from the exact batch. Evaluation visits every example once: the last
@@ -44,16 +44,31 @@ def process_shard(n: int, process_index: int, process_count: int, *, drop_remain
     return range(process_index, n, process_count)
 
 
+class _ProcessRows:
+    """Row r of this process's stream = row (b * global + process * local + i) of the global
+    stream, for batch b = r // local and i = r % local."""
+
+    def __init__(self, ordered, global_batch: int, local_batch: int, process_index: int):
+        self.ordered, self.g, self.l, self.p = ordered, global_batch, local_batch, process_index
+
+    def __call__(self, r):
+        return self.ordered[(r // self.l) * self.g + self.p * self.l + r % self.l]
+
+
 def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: int, seed: int, num_epochs: int,
                   collate: Callable[[Sequence[dict]], dict], process_index: int = 0, process_count: int = 1,
                   workers: int = 0) -> grain.IterDataset:
-    indices = process_shard(len(source), process_index, process_count, drop_remainder=True)
-    if len(indices) < local_batch_size:
-        raise ValueError(f"training split has {len(indices)} examples per process, fewer than the per-process "
-                         f"batch {local_batch_size}")
-    ds = grain.MapDataset.source(source)[indices.start:indices.stop:indices.step]
-    ds = ds.shuffle(seed=seed).repeat(num_epochs).map(encode)
-    ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=collate)
+    """Global batches do not depend on the number of processes or devices: the split is
+    shuffled with `seed` (a new order each epoch) identically everywhere, cut into global
+    batches, and each process reads only its contiguous rows of each global batch."""
+    global_batch = local_batch_size * process_count
+    if len(source) < global_batch:
+        raise ValueError(f"training split has {len(source)} examples, fewer than one global batch of {global_batch}")
+    ordered = grain.MapDataset.source(source).shuffle(seed=seed).repeat(num_epochs)
+    num_batches = len(ordered) // global_batch
+    ds = grain.MapDataset.range(num_batches * local_batch_size).map(
+        _ProcessRows(ordered, global_batch, local_batch_size, process_index))
+    ds = ds.map(encode).batch(local_batch_size, drop_remainder=True, batch_fn=collate)
     it = ds.to_iter_dataset()
     if workers > 0:
         # Workers need absl flags parsed and a __main__ guard; a saved iterator state restores
@@ -62,9 +77,8 @@ def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: i
     return it
 
 
-def steps_per_epoch(n: int, global_batch_size: int, process_count: int = 1) -> int:
-    per_process = n // process_count
-    return per_process // (global_batch_size // process_count)
+def steps_per_epoch(n: int, global_batch_size: int) -> int:
+    return n // global_batch_size
 
 
 def eval_batches(source, encode: Callable[[dict], dict], *, local_batch_size: int,
@@ -79,6 +93,19 @@ def eval_batches(source, encode: Callable[[dict], dict], *, local_batch_size: in
     rows += [filler] * (num_batches * local_batch_size - len(rows))
     for b in range(num_batches):
         yield collate(rows[b * local_batch_size:(b + 1) * local_batch_size])
+
+
+class Subset:
+    """A random-access view of some indices of a source."""
+
+    def __init__(self, source, indices):
+        self._source, self._indices = source, list(indices)
+
+    def __len__(self):
+        return len(self._indices)
+
+    def __getitem__(self, index):
+        return self._source[self._indices[index]]
 
 
 def to_global(batch: dict, sharding) -> dict:

@@ -17,6 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from nli_jax.checkpoints import load_tokenizer
@@ -65,7 +66,7 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
 def build_model(config, task, tokenizer):
     cls, head_kwargs = task.model_class_and_kwargs(config)
     m = config.model
-    overrides = dict(m.get("overrides") or {})
+    overrides = {k: v for k, v in dict(m.get("overrides") or {}).items() if v is not None}
     if m.get("init"):
         return cls.from_pretrained(m.init, dtype=m.get("dtype", "float32"), remat=bool(m.get("remat", False)),
                                    seed=int(config.train.seed), config_overrides=overrides, **head_kwargs)
@@ -114,7 +115,6 @@ def _run(config, workdir: str) -> dict:
 
     # 1. Data: every file parsed and validated before any compute.
     splits = task.load(config)
-    eval_splits = [s for s in config.eval_splits if s in splits]
     missing = [s for s in config.eval_splits if s not in splits]
     if missing:
         log.info("splits not in the data (held-out files absent), skipped: %s", missing)
@@ -149,7 +149,13 @@ def _run(config, workdir: str) -> dict:
         raise ValueError(f"micro-batch {global_batch // accumulation} must divide by the {data_parallel} data-parallel devices")
 
     train_source = splits[task.train_split]
-    steps_per_epoch = pipeline.steps_per_epoch(len(train_source), global_batch, pc)
+    limit = int(config.data.get("max_train_examples", 0))
+    if limit > 0:  # the first N examples in file order: quick experiments and overfitting checks
+        train_source = pipeline.Subset(train_source, [i for i in range(len(train_source))
+                                                      if train_source[i]["idx"] < limit])
+    splits = dict(splits, train=train_source) if task.train_split == "train" else splits
+    eval_splits = [s for s in config.eval_splits if s in splits]
+    steps_per_epoch = pipeline.steps_per_epoch(len(train_source), global_batch)
     if steps_per_epoch == 0:
         raise ValueError(f"training split has {len(train_source)} examples, fewer than one batch of {global_batch}")
     total_steps = steps_per_epoch * int(config.train.num_epochs)
@@ -160,11 +166,15 @@ def _run(config, workdir: str) -> dict:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     param_shardings = mesh_lib.param_shardings(model, mesh, rules)
     params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
-    opt_state = jax.jit(tx.init)(params)
+    replicated = mesh_lib.replicated(mesh)
+    # Moments follow their parameter's sharding; counts and other scalars are replicated.
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     state = {"params": params, "opt_state": opt_state,
              "step": mesh_lib.put_global(np.int32(0), mesh_lib.replicated(mesh))}
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    replicated = mesh_lib.replicated(mesh)
     train_step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=int(config.train.seed),
                                          accumulation_steps=accumulation),
                          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),

@@ -61,6 +61,9 @@ class Reporter:
         done = step - self.start_step
         rate = done / max(now - self.start_time, 1e-9)
         eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
+        if jax.process_index() == 0:
+            with open(os.path.join(self.workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "epoch": round(epoch, 4), **scalars}) + "\n")
         log.info("step %d/%d (epoch %.2f) loss %.4f%s lr %.2e | %.1f examples/s %.0f tokens/s | ETA %s",
                  step, self.total_steps, epoch, scalars["train/loss"],
                  f" acc {scalars['train/accuracy']:.3f}" if "train/accuracy" in scalars else "",

@@ -45,7 +45,7 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "step": state["step"] + 1}
-        metrics = {**sums, "grad_norm": optax.global_norm(grads), "lr": schedule(state["step"])}
+        metrics = {**sums, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"])}
         return new_state, metrics
 
     return train_step

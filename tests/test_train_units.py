@@ -1,0 +1,78 @@
+"""Optimizer masks and schedules, exact gradient accumulation, metrics, mesh rules."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
+from nli_jax.models import ForSequenceClassification, make_rngs, preset
+from nli_jax.tasks import get_task
+from nli_jax.train import mesh as mesh_lib
+from nli_jax.train.optimizers import decay_mask, learning_rate_schedule, make_optimizer
+from nli_jax.train.steps import make_train_step
+
+
+def test_weight_decay_skips_layernorm_and_biases():
+    model = ForSequenceClassification(preset("tiny-bert"), num_labels=3, rngs=nnx.Rngs(0))
+    mask = decay_mask(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    layer = mask["encoder"]["layers"][0]
+    assert layer["mlp_in"]["kernel"] and layer["attention"]["query"]["kernel"]
+    assert not layer["mlp_in"]["bias"] and not layer["attention_norm"]["scale"] and not layer["attention_norm"]["bias"]
+    assert mask["encoder"]["embeddings"]["word"]["embedding"] and not mask["encoder"]["embeddings"]["norm"]["scale"]
+
+
+def test_schedules():
+    cfg = ml_collections.ConfigDict({"lr": 1.0, "schedule": "exponential_per_epoch", "decay_rate": 0.9})
+    s = learning_rate_schedule(cfg, total_steps=30, steps_per_epoch=10)
+    np.testing.assert_allclose([s(0), s(9), s(10), s(25)], [1.0, 1.0, 0.9, 0.81], rtol=1e-6)
+    cfg = ml_collections.ConfigDict({"lr": 2.0, "schedule": "linear", "warmup_steps": 10})
+    s = learning_rate_schedule(cfg, total_steps=110, steps_per_epoch=10)
+    np.testing.assert_allclose([s(0), s(5), s(10), s(60), s(110)], [0.0, 1.0, 2.0, 1.0, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="unknown optimizer.schedule"):
+        learning_rate_schedule(ml_collections.ConfigDict({"lr": 1.0, "schedule": "cosine-ish"}), 10, 1)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    task = get_task("indonli")
+    config = preset("tiny-bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = ForSequenceClassification(config, num_labels=3, rngs=make_rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": 1e-3}), 10, 10)
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": rng.integers(5, 1000, (8, 12)).astype(np.int32), "attention_mask": np.ones((8, 12), np.int32),
+             "token_type_ids": np.zeros((8, 12), np.int32), "label": rng.integers(0, 3, 8).astype(np.int32),
+             "weight": np.array([1, 1, 1, 1, 1, 1, 0, 1], np.float32), "idx": np.arange(8, dtype=np.int32)}
+    results = []
+    for accumulation in (1, 4):
+        step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=0, accumulation_steps=accumulation))
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
+        results.append(step(state, batch))
+    (s1, m1), (s4, m4) = results
+    assert float(m1["weight"]) == float(m4["weight"]) == 7
+    np.testing.assert_allclose(m1["loss_sum"], m4["loss_sum"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_accuracy_breakdowns_by_hand():
+    gold, pred = [0, 1, 2, 2, 1], [0, 2, 2, 1, 1]
+    assert accuracy(gold, pred) == 0.6
+    assert accuracy_by(gold, pred, ["a", "a", "b", "b", "b"]) == {"a": {"accuracy": 0.5, "count": 2},
+                                                                  "b": {"accuracy": 2 / 3, "count": 3}}
+    tags = [["NEG"], ["NEG", "QUANT"], [], ["QUANT"], ["NEG"]]
+    assert accuracy_by_tag(gold, pred, tags) == {"NEG": {"accuracy": 2 / 3, "count": 3},
+                                                 "QUANT": {"accuracy": 0.0, "count": 2}}
+
+
+def test_logical_rules_map_to_mesh_axes():
+    devices = np.array(jax.devices() * 4)[:4] if len(jax.devices()) < 4 else jax.devices()[:4]
+    mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 2, 2), mesh_lib.MESH_AXES)
+    spec = mesh_lib.logical_to_spec(("embed", "heads", "kv"), (64, 4, 16), mesh)
+    assert spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+    # 3 labels do not divide over 2 tensor devices: replicated.
+    assert mesh_lib.logical_to_spec(("embed", "labels"), (64, 3), mesh) == jax.sharding.PartitionSpec("fsdp", None)
+    with pytest.raises(ValueError, match="needs 8 devices"):
+        mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, devices=list(devices))
