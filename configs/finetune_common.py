@@ -18,6 +18,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.buckets = (32, 64, 128, 256, 512)  # pad each batch to the smallest bucket that fits
     c.data.pad_to_max_length = False  # True on TPU: one compiled shape
     c.data.hypothesis_only = False
+    c.data.word_alignment = "average"  # word-level tasks: "average" of sub-tokens or "first" sub-token
+    c.data.train_size = ""  # OCNLI: 50k / 30k / 10k / 3k
+    c.data.holdout_topic = ""  # InferES: topic out-of-distribution
+    c.data.validation_fraction = 0.1  # InferES: validation carved from train
+    c.data.translate_train_source = ""  # IndoNLI translate-train: extracted translate_train_small folder
+    c.data.mix_indonli_train = False
     c.data.max_train_examples = 0  # > 0: train on the first N examples ("train" in eval_splits evaluates them)
     c.data.workers = 0  # grain worker processes
 

@@ -1,37 +1,17 @@
 """Fine-tune and evaluate: python -m finetune.main --config=configs/indonli_large.py --workdir=DIR
 
     --config=configs/indonli_large.py:cpu_test      tiny model on the shipped fixture, offline
-    --config.optimizer.lr=3e-5 --config.seeds=1,2,3 field overrides
+    --config.optimizer.lr=3e-5 --config.seeds="(1,2,3)"   field overrides
     --config.data.source=/path/to/indonli           local files instead of downloading
     --config.model.init=/path/to/indobert-large-p2  local checkpoint directory
 
 Rerunning the same command in the same workdir resumes from the latest checkpoint.
 """
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
-FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:variant]).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs, results.json.")
-flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first (TPU pods detect the rest).")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
-flags.DEFINE_integer("num_processes", None, "Number of processes, for multi-process runs off TPU.")
-flags.DEFINE_integer("process_id", None, "This process's index, for multi-process runs off TPU.")
-flags.mark_flags_as_required(["config", "workdir"])
+from nli_jax.train import cli
 
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
-    import jax
-    if FLAGS.multihost or FLAGS.coordinator_address:
-        jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                                   num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
-    from nli_jax.train import train_and_evaluate
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
-
+cli.define_flags()
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(cli.main)

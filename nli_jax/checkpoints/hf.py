@@ -374,6 +374,8 @@ def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None) -> N
         json.dump(config, f, indent=2, sort_keys=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+        if hasattr(tokenizer, "save_vocabulary") and not os.path.isfile(os.path.join(path, "vocab.txt")):
+            tokenizer.save_vocabulary(path)  # IndoBERT checkpoints ship a WordPiece vocab.txt
 
 
 def load_tokenizer(path: str):

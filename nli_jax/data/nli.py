@@ -1,4 +1,4 @@
-"""NLI corpora: file specs, validated parsing, and a tfds builder written as array_record.
+"""NLI corpora: file specs and validated parsing; written as array_record by data.records.
 
 Every NLI corpus becomes the same record: premise, hypothesis, label (fixed order
 entailment / neutral / contradiction everywhere), an `id`, the `categories` a corpus reports
@@ -8,16 +8,11 @@ diagnostic phenomena). Adding a corpus is one `NLICorpus` entry.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-import tempfile
-import urllib.request
 from typing import Callable
 
-import numpy as np
-
+from nli_jax.data import records
 from nli_jax.data.readers import DataError, map_label, read_json_records, read_jsonl, read_validated, require_text
 
 log = logging.getLogger(__name__)
@@ -71,7 +66,71 @@ INDONLI = NLICorpus(
     description="IndoNLI (Mahendra et al., 2021): lay train/validation/test_lay, expert test_expert, diagnostic.",
 )
 
-CORPORA: dict[str, NLICorpus] = {"indonli": INDONLI}
+
+
+def _ocnli_parse(path: str, number: int, row: dict) -> dict | None:
+    label = row.get("label")
+    if label == "-":  # no majority label: excluded, as in the OCNLI paper
+        return None
+    return {"id": str(row.get("id", number)), "premise": require_text(path, number, row, "sentence1"),
+            "hypothesis": require_text(path, number, row, "sentence2"),
+            "label": map_label(path, number, label, {"entailment": 0, "neutral": 1, "contradiction": 2}),
+            "categories": {k: str(row[k]) for k in ("genre", "level") if row.get(k) is not None}, "tags": []}
+
+
+OCNLI = NLICorpus(
+    name="ocnli",
+    splits={"train_50k": SplitFile("train.50k.json"), "train_30k": SplitFile("train.30k.json"),
+            "train_10k": SplitFile("train.10k.json"), "train_3k": SplitFile("train.3k.json"),
+            "validation": SplitFile("dev.json", required=True)},
+    parse=_ocnli_parse,
+    base_url="https://raw.githubusercontent.com/CLUEbenchmark/OCNLI/main/data/ocnli/",
+    description="OCNLI (Hu et al., 2020), Chinese; dev is the evaluation split; label '-' dropped.",
+)
+
+
+def _inferes_parse(path: str, number: int, row: dict) -> dict:
+    label = map_label(path, number, row.get("Label"), {"ent": 0, "neutral": 1, "cnt": 2}, field="Label")
+    return {"id": str(row.get("ID", number)), "premise": require_text(path, number, row, "Premise"),
+            "hypothesis": require_text(path, number, row, "Hypothesis"), "label": label,
+            "categories": {"anno_type": row.get("Anno_Type", "").strip() or "unknown",
+                           "topic": row.get("Topic", "").strip() or "unknown"}, "tags": []}
+
+
+def _read_inferes(path):
+    from nli_jax.data.readers import read_csv
+    yield from read_csv(path, columns=7)
+
+
+INFERES = NLICorpus(
+    name="inferes",
+    splits={"train": SplitFile("inferes_train.csv", reader=_read_inferes, required=True),
+            "test": SplitFile("inferes_test.csv", reader=_read_inferes)},
+    parse=_inferes_parse,
+    base_url="https://raw.githubusercontent.com/venelink/inferes/main/corpus/",
+    description="InferES (Kovatchev & Taule, 2022), Spanish; categories: creation strategy (Anno_Type), topic.",
+)
+
+
+def _translate_train_parse(path: str, number: int, row: dict) -> dict | None:
+    if row.get("gold_label") == "-":  # MNLI: no gold label
+        return None
+    return {"id": str(row.get("pairid", number)), "premise": require_text(path, number, row, "sentence1"),
+            "hypothesis": require_text(path, number, row, "sentence2"),
+            "label": map_label(path, number, row.get("gold_label"), {"entailment": 0, "neutral": 1, "contradiction": 2},
+                               field="gold_label"),
+            "categories": {"genre": str(row["genre"])} if row.get("genre") else {}, "tags": []}
+
+
+TRANSLATE_TRAIN_SMALL = NLICorpus(
+    name="indonli_translate_train_small",
+    splits={"train": SplitFile("train.jsonl", required=True), "validation": SplitFile("dev.jsonl")},
+    parse=_translate_train_parse,
+    description="MNLI machine-translated to Indonesian, the IndoNLI paper's translate-train-small sample "
+                "(data/translate_train_small.tar.gz in the IndoNLI repository; extract it and pass the folder).",
+)
+
+CORPORA: dict[str, NLICorpus] = {c.name: c for c in (INDONLI, OCNLI, INFERES, TRANSLATE_TRAIN_SMALL)}
 
 
 def register_corpus(corpus: NLICorpus) -> NLICorpus:
@@ -83,26 +142,10 @@ def register_corpus(corpus: NLICorpus) -> NLICorpus:
 
 def download_corpus(corpus: NLICorpus, destination: str, base_url: str | None = None) -> str:
     """Downloads the official files (those that exist) into `destination`; returns it."""
-    base_url = base_url or corpus.base_url
-    os.makedirs(destination, exist_ok=True)
-    for split, spec in corpus.splits.items():
-        target = os.path.join(destination, spec.filename)
-        if os.path.isfile(target):
-            continue
-        url = base_url.rstrip("/") + "/" + spec.filename
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                data = response.read()
-        except OSError as e:
-            if spec.required:
-                raise DataError(f"could not download {url} ({e}); pass a local directory with data.source instead") from e
-            log.info("%s: no %s split at %s (%s)", corpus.name, split, url, e)
-            continue
-        fd, tmp = tempfile.mkstemp(dir=destination)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)  # atomic: never a half-written file
-    return destination
+    base_url = (base_url or corpus.base_url).rstrip("/") + "/"
+    files = {spec.filename: base_url + spec.filename for spec in corpus.splits.values()}
+    required = {spec.filename for spec in corpus.splits.values() if spec.required}
+    return records.download_files(files, destination, required)
 
 
 def split_files(corpus: NLICorpus, source: str) -> dict[str, str]:
@@ -130,91 +173,15 @@ def load_examples(corpus: NLICorpus, source: str) -> dict[str, list[dict]]:
     return out
 
 
-def fingerprint(paths: list[str]) -> str:
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        h.update(os.path.basename(path).encode())
-        with open(path, "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()[:12]
-
-
-# --- tfds ---------------------------------------------------------------------------------------
-
-def _builder_class():
-    import tensorflow_datasets as tfds
-
-    class NLIBuilder(tfds.core.GeneratorBasedBuilder):
-        """Writes validated examples of one corpus as array_record; read with as_data_source."""
-        VERSION = tfds.core.Version("1.0.0")
-
-        def __init__(self, *, corpus: NLICorpus, examples: dict[str, list[dict]], **kwargs):
-            self._corpus, self._examples = corpus, examples
-            super().__init__(**kwargs)
-
-        @property
-        def name(self):  # one directory per corpus
-            return self._corpus.name
-
-        def _info(self):
-            return tfds.core.DatasetInfo(
-                builder=self, description=self._corpus.description,
-                features=tfds.features.FeaturesDict({
-                    "idx": np.int64, "id": tfds.features.Text(), "premise": tfds.features.Text(),
-                    "hypothesis": tfds.features.Text(), "label": tfds.features.ClassLabel(names=NLI_LABELS),
-                    "categories": tfds.features.Text(), "tags": tfds.features.Sequence(tfds.features.Text())}))
-
-        def _split_generators(self, dl_manager):
-            return {split: self._generate_examples(split) for split in self._examples}
-
-        def _generate_examples(self, split):
-            for ex in self._examples[split]:
-                yield ex["idx"], {**ex, "categories": json.dumps(ex["categories"], sort_keys=True)}
-
-    return NLIBuilder
-
-
 def prepare(corpus_name: str, source: str | None, data_dir: str, *, download_dir: str | None = None):
     """Validates the corpus files, writes them once as array_record under `data_dir` (keyed by
     a fingerprint of the files, so changed files are never served stale) and returns
     {split: random-access source of decoded examples}."""
-    import tensorflow_datasets as tfds
     if corpus_name not in CORPORA:
         raise DataError(f"unknown NLI corpus {corpus_name!r}; known: {sorted(CORPORA)}")
     corpus = CORPORA[corpus_name]
     if not source:
         source = download_corpus(corpus, download_dir or os.path.join(data_dir, "downloads", corpus.name))
     examples = load_examples(corpus, source)
-    key = fingerprint(list(split_files(corpus, source).values()))
-    cls = _builder_class()
-    config = tfds.core.BuilderConfig(name=f"files_{key}", description=f"from {source}")
-    builder = cls(corpus=corpus, examples=examples, config=config, data_dir=data_dir, file_format="array_record")
-    tfds.disable_progress_bar()
-    import jax
-    if jax.process_count() > 1:  # one writer; the others wait, then read what it wrote
-        from jax.experimental import multihost_utils
-        if jax.process_index() == 0:
-            builder.download_and_prepare()
-        multihost_utils.sync_global_devices(f"nli_jax prepare {corpus.name} {key}")
-    builder.download_and_prepare()
-    return {split: DecodedSource(builder.as_data_source(split=split)) for split in examples}
-
-
-class DecodedSource:
-    """A tfds array_record data source with text decoded and categories parsed.
-
-    Records come back in tfds' write order (hashed keys); `idx` gives the file order.
-    """
-
-    def __init__(self, source):
-        self._source = source
-
-    def __len__(self):
-        return len(self._source)
-
-    def __getitem__(self, index):
-        r = self._source[index]
-        text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
-        return {"idx": int(r["idx"]), "id": text(r["id"]), "premise": text(r["premise"]),
-                "hypothesis": text(r["hypothesis"]), "label": int(r["label"]),
-                "categories": json.loads(text(r["categories"])), "tags": [text(t) for t in r["tags"]]}
+    return records.prepare_records(corpus.name, examples, list(split_files(corpus, source).values()), data_dir,
+                                   corpus.description)

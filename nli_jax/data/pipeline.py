@@ -65,10 +65,16 @@ def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: i
     if len(source) < global_batch:
         raise ValueError(f"training split has {len(source)} examples, fewer than one global batch of {global_batch}")
     ordered = grain.MapDataset.source(source).shuffle(seed=seed).repeat(num_epochs)
+    # Encoding that draws random numbers (MLM masking) gets a generator per position of the
+    # global stream: new masks every epoch, the same ones whatever the process count.
+    if getattr(encode, "needs_rng", False):
+        ordered = ordered.random_map(encode, seed=seed)
+    else:
+        ordered = ordered.map(encode)
     num_batches = len(ordered) // global_batch
     ds = grain.MapDataset.range(num_batches * local_batch_size).map(
         _ProcessRows(ordered, global_batch, local_batch_size, process_index))
-    ds = ds.map(encode).batch(local_batch_size, drop_remainder=True, batch_fn=collate)
+    ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=collate)
     it = ds.to_iter_dataset()
     if workers > 0:
         # Workers need absl flags parsed and a __main__ guard; a saved iterator state restores

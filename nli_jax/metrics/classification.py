@@ -33,3 +33,24 @@ def accuracy_by_tag(gold: Sequence[int], predicted: Sequence[int], tags: Sequenc
     gold, predicted = np.asarray(gold), np.asarray(predicted)
     return {t: {"accuracy": float(np.mean(gold[idx] == predicted[idx])), "count": len(idx)}
             for t, idx in sorted(members.items())}
+
+
+def precision_recall_f1(gold: Sequence, predicted: Sequence, average: str = "macro") -> dict[str, float]:
+    """Macro-averaged precision, recall and F1 over the labels that occur in gold or predicted
+    (sklearn's average='macro' with zero for undefined ratios), plus accuracy."""
+    gold, predicted = list(gold), list(predicted)
+    if len(gold) != len(predicted) or not gold:
+        raise ValueError(f"{len(gold)} gold vs {len(predicted)} predicted labels")
+    labels = sorted(set(gold) | set(predicted), key=str)
+    precisions, recalls, f1s = [], [], []
+    for label in labels:
+        tp = sum(1 for g, p in zip(gold, predicted) if g == label and p == label)
+        n_pred = sum(1 for p in predicted if p == label)
+        n_gold = sum(1 for g in gold if g == label)
+        p = tp / n_pred if n_pred else 0.0
+        r = tp / n_gold if n_gold else 0.0
+        precisions.append(p)
+        recalls.append(r)
+        f1s.append(2 * p * r / (p + r) if p + r else 0.0)
+    return {"accuracy": float(np.mean([g == p for g, p in zip(gold, predicted)])),
+            "precision": float(np.mean(precisions)), "recall": float(np.mean(recalls)), "f1": float(np.mean(f1s))}

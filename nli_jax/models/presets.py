@@ -20,6 +20,8 @@ PRESETS: dict[str, dict] = {
                                intermediate_size=3072),
     "indobert-lite-large": dict(_ALBERT, num_hidden_layers=24, num_attention_heads=16, hidden_size=1024,
                                 intermediate_size=4096),
+    # The IndoNLU paper's from-scratch baseline: 2 layers of BERT-base width.
+    "scratch-2layer": dict(_BERT, num_hidden_layers=2, num_attention_heads=12, hidden_size=768, intermediate_size=3072),
     # Tiny shapes for CPU tests and the cpu_test configs.
     "tiny-bert": dict(_BERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                       vocab_size=1000, max_position_embeddings=128),

@@ -32,6 +32,7 @@ class Task:
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
     train_split: str = "train"
     validation_split: str = "validation"
+    workdir: str | None = None  # set by the loop before load()
 
     def load(self, config) -> dict[str, Any]:
         """{split: random-access source of examples}, validated (errors name file and line)."""

@@ -1,37 +1,38 @@
-"""Natural language inference as sequence-pair classification (IndoNLI; other corpora are
-one `NLICorpus` entry in nli_jax.data.nli plus one `register` line here).
+"""Natural language inference as sequence-pair classification: IndoNLI, OCNLI, InferES and
+IndoNLI translate-train. A new NLI corpus is one `NLICorpus` entry in nli_jax.data.nli plus
+one `register` line here.
 
 `data.hypothesis_only` trains and evaluates on the hypothesis alone: the papers' baseline for
-annotation artifacts.
+annotation artifacts. Reports: accuracy, by gold label, by every category the corpus has
+(premise size, genre, difficulty level, creation strategy, topic) and by diagnostic tag.
 """
 from __future__ import annotations
 
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
 from nli_jax.data import nli as nli_data
-from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
+from nli_jax.data.records import InMemorySource
 from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
-from nli_jax.models import ForSequenceClassification
-from nli_jax.tasks.base import Task, register
+from nli_jax.tasks.base import register
+from nli_jax.tasks.common import ClassificationTask, encode_text
 
 
-class NLITask(Task):
+def _tfds_dir(config):
+    return os.path.expanduser(config.data.get("tfds_dir") or "~/tensorflow_datasets/nli_jax")
+
+
+class NLITask(ClassificationTask):
     labels = nli_data.NLI_LABELS
 
-    def __init__(self, corpus: str):
+    def __init__(self, corpus: str, train_split: str = "train"):
         self.name = corpus
         self.corpus = corpus
+        self.train_split = train_split
 
     def load(self, config):
-        data = config.data
-        tfds_dir = os.path.expanduser(data.get("tfds_dir") or "~/tensorflow_datasets/nli_jax")
-        return nli_data.prepare(self.corpus, data.get("source") or None, tfds_dir)
-
-    def model_class_and_kwargs(self, config):
-        return ForSequenceClassification, {"num_labels": len(self.labels)}
+        return nli_data.prepare(self.corpus, config.data.get("source") or None, _tfds_dir(config))
 
     def encoder(self, config, tokenizer):
         max_length = int(config.data.max_seq_length)
@@ -39,49 +40,105 @@ class NLITask(Task):
 
         def encode(example):
             if hypothesis_only:
-                enc = tokenizer(example["hypothesis"], truncation=True, max_length=max_length)
+                features = encode_text(tokenizer, example["hypothesis"], None, max_length)
             else:
-                # Long paragraphs (IndoNLI premises reach 200+ words) are cut from the longer
-                # text first, so the hypothesis survives.
-                enc = tokenizer(example["premise"], example["hypothesis"], truncation="longest_first",
-                                max_length=max_length)
-            ids = np.asarray(enc["input_ids"], np.int32)
-            types = np.asarray(enc.get("token_type_ids", np.zeros_like(ids)), np.int32)
-            return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types,
-                    "label": np.int32(example["label"]), "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
+                # Long premises (IndoNLI paragraphs reach 200+ words) are cut first.
+                features = encode_text(tokenizer, example["premise"], example["hypothesis"], max_length)
+            return {**features, "label": np.int32(example["label"]), "idx": np.int32(example["idx"]),
+                    "weight": np.float32(1.0)}
         return encode
-
-    def loss(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
-        loss_sum, weight = weighted_cross_entropy(logits, batch["label"], batch["weight"])
-        correct, _ = weighted_accuracy(logits, batch["label"], batch["weight"])
-        return loss_sum, weight, {"correct": correct}
-
-    def predict(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
-        return {"prediction": jnp.argmax(logits, -1), "probabilities": jax_softmax(logits)}
 
     def report(self, split, examples, predictions):
         gold = [e["label"] for e in examples]
-        pred = predictions["prediction"]
+        pred = [int(p) for p in predictions["prediction"]]
         out = {"accuracy": accuracy(gold, pred), "count": len(gold),
                "by_label": {self.labels[int(k)]: v for k, v in accuracy_by(gold, pred, [str(g) for g in gold]).items()}}
-        category_names = sorted({k for e in examples for k in e["categories"]})
-        for name in category_names:
+        for name in sorted({k for e in examples for k in e["categories"]}):
             out[f"by_{name}"] = accuracy_by(gold, pred, [e["categories"].get(name, "unknown") for e in examples])
         if any(e["tags"] for e in examples):
             out["by_tag"] = accuracy_by_tag(gold, pred, [e["tags"] for e in examples])
         return out
 
-    def prediction_records(self, split, examples, predictions):
-        return [{"split": split, "idx": e["idx"], "id": e["id"], "label": self.labels[e["label"]],
-                 "prediction": self.labels[int(p)], "probabilities": [round(float(x), 6) for x in probs]}
-                for e, p, probs in zip(examples, predictions["prediction"], predictions["probabilities"])]
+
+class OCNLITask(NLITask):
+    """OCNLI: train on `data.train_size` (50k / 30k / 10k / 3k, whichever file exists), evaluate on dev."""
+
+    def __init__(self):
+        super().__init__("ocnli")
+
+    def load(self, config):
+        splits = super().load(config)
+        size = str(config.data.get("train_size", "") or "")
+        candidates = [f"train_{size}"] if size else ["train_50k", "train_30k", "train_10k", "train_3k"]
+        for name in candidates:
+            if name in splits:
+                self.train_split = name
+                return splits
+        raise FileNotFoundError(f"ocnli: no training file for train_size={size!r} in {config.data.get('source')} "
+                                f"(have {sorted(s for s in splits if s.startswith('train'))})")
 
 
-def jax_softmax(logits):
-    import jax
-    return jax.nn.softmax(logits, axis=-1)
+class InferESTask(NLITask):
+    """InferES: official train/test; a validation split carved from train (`data.validation_fraction`,
+    seeded); `data.holdout_topic=N` trains on the other five topics and adds split `topic_ood`
+    (topic N from train and test) for the topic out-of-distribution setting."""
+
+    def __init__(self):
+        super().__init__("inferes")
+
+    def load(self, config):
+        splits = super().load(config)
+        train = [splits["train"][i] for i in range(len(splits["train"]))]
+        train.sort(key=lambda e: e["idx"])
+        holdout = str(config.data.get("holdout_topic", "") or "")
+        out = {}
+        if holdout:
+            topics = {e["categories"]["topic"] for e in train}
+            if holdout not in topics:
+                raise ValueError(f"data.holdout_topic={holdout!r} is not a topic of InferES train ({sorted(topics)})")
+            ood = [e for e in train if e["categories"]["topic"] == holdout]
+            if "test" in splits:
+                ood += [e for e in (splits["test"][i] for i in range(len(splits["test"])))
+                        if e["categories"]["topic"] == holdout]
+            out["topic_ood"] = InMemorySource(_reindex(ood))
+            train = [e for e in train if e["categories"]["topic"] != holdout]
+        order = np.random.default_rng(int(config.data.get("validation_seed", 0))).permutation(len(train))
+        n_val = int(round(float(config.data.get("validation_fraction", 0.1)) * len(train)))
+        out["validation"] = InMemorySource(_reindex([train[i] for i in sorted(order[:n_val])]))
+        out["train"] = InMemorySource(_reindex([train[i] for i in sorted(order[n_val:])]))
+        if "test" in splits:
+            test = [splits["test"][i] for i in range(len(splits["test"]))]
+            if holdout:
+                test = [e for e in test if e["categories"]["topic"] != holdout]
+            out["test"] = InMemorySource(_reindex(sorted(test, key=lambda e: e["idx"])))
+        return out
+
+
+class TranslateTrainTask(NLITask):
+    """IndoNLI's translate-train rows: train on machine-translated MNLI (`data.translate_train_source`),
+    optionally mixed with IndoNLI train (`data.mix_indonli_train`), evaluate on IndoNLI."""
+
+    def __init__(self):
+        super().__init__("indonli")
+        self.name = "indonli_translate_train"
+
+    def load(self, config):
+        indonli = super().load(config)
+        source = config.data.get("translate_train_source")
+        if not source:
+            raise ValueError("data.translate_train_source: the folder of the extracted translate_train_small.tar.gz")
+        mt = nli_data.prepare("indonli_translate_train_small", source, _tfds_dir(config))["train"]
+        train = [dict(mt[i], origin="translate_train") for i in range(len(mt))]
+        if config.data.get("mix_indonli_train", False):
+            train += [dict(indonli["train"][i], origin="indonli") for i in range(len(indonli["train"]))]
+        return dict(indonli, train=InMemorySource(_reindex(sorted(train, key=lambda e: (e["origin"], e["idx"])))))
+
+
+def _reindex(examples):
+    return [dict(e, idx=i) for i, e in enumerate(examples)]
 
 
 register("indonli")(lambda: NLITask("indonli"))
+register("ocnli")(OCNLITask)
+register("inferes")(InferESTask)
+register("indonli_translate_train")(TranslateTrainTask)

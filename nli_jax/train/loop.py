@@ -114,6 +114,7 @@ def _run(config, workdir: str) -> dict:
     check_workdir_config(workdir, config.to_dict())
 
     # 1. Data: every file parsed and validated before any compute.
+    task.workdir = workdir
     splits = task.load(config)
     missing = [s for s in config.eval_splits if s not in splits]
     if missing:
@@ -201,8 +202,13 @@ def _run(config, workdir: str) -> dict:
     ckpt_every = int(config.train.get("checkpoint_every_steps", 0)) or eval_every
     log_every = max(1, int(config.train.get("log_every_steps", 50)))
     patience = int(config.train.get("early_stopping_patience", 0))
-    reporter = Reporter(workdir, total_steps, step)
     n_params = sum(x.size for x in jax.tree.leaves(params))
+    peak = float(config.train.get("peak_tflops_per_device", 0.0)) * 1e12 * jax.device_count()
+    # Training FLOPs per token: 6 x (parameters outside the embedding tables) + attention.
+    embedding_params = sum(x.size for p, x in nnx.to_flat_state(nnx.state(model.encoder.embeddings, nnx.Param)))
+    c = model.config
+    flops_per_token = 6 * (n_params - embedding_params) + 12 * c.num_hidden_layers * c.hidden_size * max_len
+    reporter = Reporter(workdir, total_steps, step, flops_per_token=flops_per_token, peak_flops=peak)
     log.info("task %s | %s %s, %.1fM parameters | mesh %s | %d train examples, %d steps/epoch, %d steps | "
              "batch %d (accumulation %d)", task.name, type(model).__name__, model.config.model_type, n_params / 1e6,
              dict(mesh.shape), len(train_source), steps_per_epoch, total_steps, global_batch, accumulation)
@@ -265,6 +271,13 @@ def _run(config, workdir: str) -> dict:
             records.extend(split_records)
             log.info("final %s: %s %.4f (%d examples)", split, task.primary_metric, report[task.primary_metric],
                      report["count"])
+    if config.get("export_final", False):
+        # The final parameters as a Hugging Face directory (with the tokenizer): fine-tunes with
+        # finetune.main (model.init) and loads in transformers' PyTorch classes.
+        nnx.update(model, nnx.State(jax.device_get(state["params"])))
+        if jax.process_index() == 0:
+            model.save_pretrained(os.path.join(workdir, "export"), tokenizer=tokenizer)
+        results["export"] = os.path.join(workdir, "export")
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
     reporter.close()
@@ -284,11 +297,11 @@ def _evaluate(task, eval_step, params, source, encode, collate, batch_sharding, 
         outputs.append(dict(jax.device_get(predictions)))
         metrics = jax.device_get(metrics)
         sums = metrics if sums is None else {k: sums[k] + metrics[k] for k in sums}
-    merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-    keep = merged["idx"] >= 0
-    order = np.argsort(merged["idx"][keep], kind="stable")
-    merged = {k: v[keep][order] for k, v in merged.items()}
-    ordered = [by_idx[int(i)] for i in merged["idx"]]
+    # Per-example rows (tag sequences differ in width between batches), in file order.
+    rows = [{k: v[i] for k, v in batch.items()} for batch in outputs for i in range(len(batch["idx"]))]
+    rows = sorted((r for r in rows if r["idx"] >= 0), key=lambda r: int(r["idx"]))
+    merged = {k: [r[k] for r in rows] for k in outputs[0]}
+    ordered = [by_idx[int(r["idx"])] for r in rows]
     if len(ordered) != len(examples):
         raise RuntimeError(f"{split}: evaluated {len(ordered)} of {len(examples)} examples")
     report = task.report(split, ordered, merged)

@@ -1,0 +1,17 @@
+"""IndoNLI translate-train (the IndoNLI paper's rows with XLM-R): train on MNLI machine-translated
+to Indonesian, evaluate on IndoNLI; `mix` also adds IndoNLI train.
+
+    python -m finetune.main --config=configs/indonli_translate_train.py \\
+        --config.data.translate_train_source=/data/translate_train_small --workdir=runs/tt
+"""
+from configs import finetune_common, indonli_large
+
+
+def get_config(arg=None):
+    options = finetune_common.parse_arg(arg)
+    mix = bool(options.pop("mix", False))
+    c = indonli_large.indonli_config(",".join(k for k, v in options.items() if v is True) or None,
+                                     init="FacebookAI/xlm-roberta-large")
+    c.task = "indonli_translate_train"
+    c.data.mix_indonli_train = mix
+    return c

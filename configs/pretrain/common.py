@@ -1,0 +1,101 @@
+"""Pretraining recipes of the IndoNLU paper (section 4.2, Table 4): two phases, sequence length
+128 then 512; phase 2 starts from phase 1's final parameters (not its optimizer state).
+
+BERT models (IndoBERT base/large): MLM + NSP, token masking, AdamW (decay 0.01, not on
+LayerNorm and biases), linear warmup then linear decay. ALBERT models (IndoBERT-lite): MLM + SOP,
+whole-word n-gram masking (n <= 3, p ∝ 1/n), LAMB. At most 20 predictions per sequence at 128,
+scaled with the length at 512 (80).
+"""
+import ml_collections
+
+from configs import finetune_common
+
+PHASES = {
+    # model: {phase: (batch, lr, steps, hours on a TPUv3-8)}
+    "indobert-lite-base": {1: (4096, 0.00176, 112_500, 38), 2: (1024, 0.00088, 50_000, 23)},
+    "indobert-base": {1: (256, 0.00002, 1_000_000, 35), 2: (256, 0.00002, 68_000, 9)},
+    "indobert-lite-large": {1: (1024, 0.00044, 500_000, 134), 2: (256, 0.00044, 129_000, 45)},
+    "indobert-large": {1: (256, 0.0001, 1_000_000, 89), 2: (128, 0.00008, 120_000, 32)},
+}
+MAX_SEQ_LENGTH = {1: 128, 2: 512}
+MAX_PREDICTIONS = {1: 20, 2: 80}
+
+
+def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
+    options = finetune_common.parse_arg(arg)
+    phase = int(options.pop("phase", 1))
+    cpu_test = options.pop("cpu_test", False)
+    if options:
+        raise ValueError(f"unknown config option(s) {sorted(options)}; expected phase=1|2, cpu_test")
+    if phase not in (1, 2):
+        raise ValueError(f"phase must be 1 or 2, got {phase}")
+    albert = model.startswith("indobert-lite")
+    batch, lr, steps, _ = PHASES[model][phase]
+
+    c = finetune_common.base_config()
+    c.task = "pretraining"
+    c.eval_splits = ("heldout",)
+    c.export_final = True
+    c.data.max_seq_length = MAX_SEQ_LENGTH[phase]
+    c.data.pad_to_max_length = True
+    c.model.preset = model
+    c.model.init = ""  # phase 2: the phase-1 run's <workdir>/export
+    c.model.tokenizer = ""  # directory with vocab.txt (pretrain.build_vocab)
+
+    c.pretrain = ml_collections.ConfigDict()
+    c.pretrain.phase = phase
+    c.pretrain.corpus = ("",)  # prepared corpus files (globs); examples built into <workdir>/examples
+    c.pretrain.examples_dir = ""  # or prebuilt examples (pretrain.create_examples)
+    c.pretrain.sentence_task = "sop" if albert else "nsp"
+    c.pretrain.whole_word = albert
+    c.pretrain.max_ngram = 3 if albert else 1
+    c.pretrain.mask_prob = 0.15
+    c.pretrain.max_predictions = MAX_PREDICTIONS[phase]
+    c.pretrain.short_seq_prob = 0.1
+    c.pretrain.dupe_factor = 1
+    c.pretrain.data_seed = 12345
+    c.pretrain.workers = 2
+    c.pretrain.heldout_examples = 2000
+    c.pretrain.heldout_permille = 10  # documents held out for evaluation (by hash), per thousand
+    c.pretrain.random_token_low = 0
+
+    c.optimizer.name = "lamb" if albert else "adamw"
+    c.optimizer.lr = lr
+    c.optimizer.weight_decay = 0.01
+    c.optimizer.eps = 1e-6
+    c.optimizer.schedule = "linear"
+    c.optimizer.warmup_steps = min(10_000, steps // 10) if not albert else min(3_125, steps // 10)
+    c.optimizer.grad_clip = 1.0
+
+    c.train.batch_size = batch
+    c.train.num_epochs = 100_000  # bounded by max_steps
+    c.train.max_steps = steps
+    c.train.eval_every_steps = 10_000
+    c.train.checkpoint_every_steps = 5_000
+    c.train.log_every_steps = 100
+    c.train.early_stopping_patience = 0
+    c.train.eval_batch_size = 256
+    c.train.peak_tflops_per_device = 0.0  # e.g. 123 for TPU v3 bf16: enables MFU in the log
+    c.model.dtype = "bfloat16"  # on accelerators; the cpu_test variant computes in float32
+
+    if cpu_test:
+        from nli_jax.data import fixture_path
+        c.model.preset = "tiny-albert" if albert else "tiny-bert"
+        c.model.dtype = "float32"
+        c.model.tokenizer = fixture_path("tiny_wordpiece")
+        c.pretrain.corpus = (fixture_path("corpus_tiny") + "/*.txt",)
+        c.pretrain.heldout_examples = 200
+        c.pretrain.heldout_permille = 100
+        c.pretrain.workers = 1
+        c.data.max_seq_length = 64 if phase == 1 else 128
+        c.pretrain.max_predictions = 10 if phase == 1 else 20
+        c.train.batch_size = 16
+        c.train.max_steps = 300
+        c.train.eval_every_steps = 100
+        c.train.checkpoint_every_steps = 100
+        c.train.log_every_steps = 50
+        c.train.eval_batch_size = 64
+        c.train.async_checkpointing = False
+        c.optimizer.lr = 2e-2 if albert else 2e-3  # LAMB scales steps by the weight norm
+        c.optimizer.warmup_steps = 15
+    return c

@@ -1,0 +1,11 @@
+"""indobert-lite-base pretraining (IndoNLU paper, Table 4); see configs/pretrain/common.py.
+
+    python -m pretrain.main --config=configs/pretrain/indobert_lite_base.py:phase=1 --workdir=runs/lite_base_p1
+    python -m pretrain.main --config=configs/pretrain/indobert_lite_base.py:phase=2 --workdir=runs/lite_base_p2 \
+        --config.model.init=runs/lite_base_p1/export
+"""
+from configs.pretrain.common import pretrain_config
+
+
+def get_config(arg=None):
+    return pretrain_config("indobert-lite-base", arg)

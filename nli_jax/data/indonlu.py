@@ -1,0 +1,241 @@
+"""The 12 IndoNLU tasks' official files (IndoNLP/indonlu, dataset/<folder>/{train,valid,test}_preprocess.*).
+
+Formats (see ../shared/data/README.md): EmoT `label,tweet`; SmSA `text<TAB>label`, no header;
+CASA/HoASA one column per aspect; WReTE `sent_A,sent_B,category,label`; the word-level tasks
+`token<TAB>tag` per line with blank lines between sentences (split on the tab only: tokens can
+contain spaces); FacQA columns of Python-literal lists, parsed with ast.literal_eval (never eval).
+Label and tag sets are read from the files (union over the splits present, sorted).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import re
+from typing import Callable
+
+from nli_jax.data import records
+from nli_jax.data.readers import DataError, _open_text, read_csv, require_text
+
+BASE_URL = "https://raw.githubusercontent.com/IndoNLP/indonlu/master/dataset/"
+SPLIT_PREFIX = {"train": "train_preprocess", "validation": "valid_preprocess", "test": "test_preprocess"}
+
+
+@dataclasses.dataclass(frozen=True)
+class IndoNLUTask:
+    name: str
+    folder: str
+    extension: str
+    kind: str  # "single", "pair", "aspects", "tagging", "qa"
+    parse_file: Callable[[str], list[dict]]
+    aspects: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # the benchmark's label set (classification); tags are read from files
+
+    def filename(self, split: str) -> str:
+        return f"{SPLIT_PREFIX[split]}.{self.extension}"
+
+
+# --- parsers: file -> list of examples ------------------------------------------------------------
+
+def _single_csv(text_field: str, label_field: str):
+    def parse(path):
+        out = []
+        for number, row in read_csv(path, columns=2):
+            out.append({"line": number, "text": require_text(path, number, row, text_field),
+                        "label": require_text(path, number, row, label_field).strip()})
+        return out
+    return parse
+
+
+def _smsa(path):
+    out = []
+    for number, row in read_csv(path, delimiter="\t", header=False, columns=2):
+        text, label = row
+        if not text.strip() or not label.strip():
+            raise DataError(f"{path}:{number}: empty text or label")
+        out.append({"line": number, "text": text, "label": label.strip()})
+    return out
+
+
+def _wrete(path):
+    out = []
+    for number, row in read_csv(path, columns=4):
+        out.append({"line": number, "text_a": require_text(path, number, row, "sent_A"),
+                    "text_b": require_text(path, number, row, "sent_B"),
+                    "category": row.get("category", "").strip(), "label": require_text(path, number, row, "label").strip()})
+    return out
+
+
+def _aspects(text_field: str, aspects: tuple[str, ...]):
+    def parse(path):
+        out = []
+        for number, row in read_csv(path, columns=len(aspects) + 1):
+            missing = [a for a in (text_field, *aspects) if a not in row]
+            if missing:
+                raise DataError(f"{path}:{number}: missing column(s) {missing}")
+            out.append({"line": number, "text": require_text(path, number, row, text_field),
+                        "labels": [require_text(path, number, row, a).strip() for a in aspects]})
+        return out
+    return parse
+
+
+# A chunk tag: O, or B/I/E/S with an optional type (KEPS and FacQA use bare B/I/O).
+TAG = re.compile(r"^(O|[BIES](-[^\s-][^\s]*)?)$")
+
+
+def _check_tag(path, number, tag):
+    if not TAG.match(tag):
+        raise DataError(f"{path}:{number}: unknown tag {tag!r} (expected O or B/I/E/S with an optional -TYPE)")
+    return tag
+
+
+def _tagging(path):
+    """token<TAB>tag lines; a blank line ends a sentence. `line` is the sentence's first line."""
+    out, tokens, tags, start = [], [], [], None
+    for number, line in enumerate(_open_text(path).split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            if tokens:
+                out.append({"line": start, "tokens": tokens, "tags": tags})
+            tokens, tags, start = [], [], None
+            continue
+        if "\t" not in line:
+            raise DataError(f"{path}:{number}: expected 'token<TAB>tag', got {line[:60]!r}")
+        token, tag = line.rsplit("\t", 1)
+        if not tag.strip() or not token:
+            raise DataError(f"{path}:{number}: empty token or tag")
+        tokens.append(token)
+        tags.append(_check_tag(path, number, tag.strip()))
+        start = start or number
+    if tokens:
+        out.append({"line": start, "tokens": tokens, "tags": tags})
+    return out
+
+
+def _literal_list(path, number, row, field):
+    raw = row.get(field)
+    if raw is None:
+        raise DataError(f"{path}:{number}: missing column {field!r}")
+    try:
+        value = ast.literal_eval(raw)  # literals only: no code is run
+    except (ValueError, SyntaxError) as e:
+        raise DataError(f"{path}:{number}: column {field!r} is not a Python list literal ({e})") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DataError(f"{path}:{number}: column {field!r} must be a list of strings")
+    return value
+
+
+def _facqa(path):
+    out = []
+    for number, row in read_csv(path, columns=3):
+        question = _literal_list(path, number, row, "question")
+        passage = _literal_list(path, number, row, "passage")
+        labels = _literal_list(path, number, row, "seq_label")
+        if len(passage) != len(labels):
+            raise DataError(f"{path}:{number}: passage has {len(passage)} tokens but seq_label has {len(labels)} labels")
+        if not question or not passage:
+            raise DataError(f"{path}:{number}: empty question or passage")
+        for tag in labels:
+            _check_tag(path, number, tag)
+        out.append({"line": number, "question": question, "tokens": passage, "tags": labels})
+    return out
+
+
+CASA_ASPECTS = ("fuel", "machine", "others", "part", "price", "service")
+HOASA_ASPECTS = ("ac", "air_panas", "bau", "general", "kebersihan", "linen", "service", "sunrise_meal", "tv", "wifi")
+
+TASKS: dict[str, IndoNLUTask] = {t.name: t for t in [
+    IndoNLUTask("emot", "emot_emotion-twitter", "csv", "single", _single_csv("tweet", "label"),
+                labels=("anger", "fear", "happy", "love", "sadness")),
+    IndoNLUTask("smsa", "smsa_doc-sentiment-prosa", "tsv", "single", _smsa, labels=("negative", "neutral", "positive")),
+    IndoNLUTask("casa", "casa_absa-prosa", "csv", "aspects", _aspects("sentence", CASA_ASPECTS), CASA_ASPECTS,
+                labels=("negative", "neutral", "positive")),
+    IndoNLUTask("hoasa", "hoasa_absa-airy", "csv", "aspects", _aspects("review", HOASA_ASPECTS), HOASA_ASPECTS,
+                labels=("neg", "neg_pos", "neut", "pos")),
+    IndoNLUTask("wrete", "wrete_entailment-ui", "csv", "pair", _wrete, labels=("Entail_or_Paraphrase", "NotEntail")),
+    IndoNLUTask("posp", "posp_pos-prosa", "txt", "tagging", _tagging),
+    IndoNLUTask("bapos", "bapos_pos-idn", "txt", "tagging", _tagging),
+    IndoNLUTask("terma", "terma_term-extraction-airy", "txt", "tagging", _tagging),
+    IndoNLUTask("keps", "keps_keyword-extraction-prosa", "txt", "tagging", _tagging),
+    IndoNLUTask("nergrit", "nergrit_ner-grit", "txt", "tagging", _tagging),
+    IndoNLUTask("nerp", "nerp_ner-prosa", "txt", "tagging", _tagging),
+    IndoNLUTask("facqa", "facqa_qa-factoid-itb", "csv", "qa", _facqa),
+]}
+
+
+def task_directory(task: IndoNLUTask, source: str) -> str:
+    """`source` may be the IndoNLU dataset root (with one folder per task) or the task folder."""
+    nested = os.path.join(source, task.folder)
+    return nested if os.path.isdir(nested) else source
+
+
+def split_files(task: IndoNLUTask, directory: str) -> dict[str, str]:
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{task.name}: data directory {directory} does not exist")
+    files = {}
+    for split in SPLIT_PREFIX:
+        path = os.path.join(directory, task.filename(split))
+        if os.path.isfile(path):
+            files[split] = path
+        elif split != "test":
+            raise FileNotFoundError(f"{task.name}: {path} not found (split {split!r} is required)")
+    return files
+
+
+def _check_labels(task: IndoNLUTask, path: str, examples: list[dict]) -> None:
+    if not task.labels:
+        return
+    for e in examples:
+        for label in (e["labels"] if task.kind == "aspects" else [e["label"]]):
+            if label not in task.labels:
+                raise DataError(f"{path}:{e['line']}: unknown label {label!r} for {task.name}; "
+                                f"expected one of {list(task.labels)}")
+
+
+def load_examples(task: IndoNLUTask, directory: str) -> dict[str, list[dict]]:
+    out = {}
+    for split, path in split_files(task, directory).items():
+        examples = task.parse_file(path)
+        if not examples:
+            raise DataError(f"{path}: no examples")
+        _check_labels(task, path, examples)
+        for index, example in enumerate(examples):
+            example["idx"] = index
+        out[split] = examples
+    return out
+
+
+def label_vocabulary(task: IndoNLUTask, examples: dict[str, list[dict]]) -> list[str]:
+    """The benchmark's label set for classification; for tags the sorted union over the splits
+    present (some tags occur only in one split)."""
+    if task.labels:
+        return list(task.labels)
+    values = set()
+    for rows in examples.values():
+        for r in rows:
+            if task.kind in ("tagging", "qa"):
+                values.update(r["tags"])
+            elif task.kind == "aspects":
+                values.update(r["labels"])
+            else:
+                values.add(r["label"])
+    return sorted(values)
+
+
+def prepare(name: str, source: str | None, data_dir: str, *, base_url: str = BASE_URL):
+    """(splits as random-access sources, label vocabulary) of one task, validated and written
+    as array_record. Without `source` the official files are downloaded."""
+    if name not in TASKS:
+        raise DataError(f"unknown IndoNLU task {name!r}; known: {sorted(TASKS)}")
+    task = TASKS[name]
+    if source:
+        directory = task_directory(task, source)
+    else:
+        directory = os.path.join(os.path.expanduser(data_dir), "downloads", "indonlu", task.folder)
+        files = {task.filename(s): f"{base_url.rstrip('/')}/{task.folder}/{task.filename(s)}" for s in SPLIT_PREFIX}
+        records.download_files(files, directory, required={task.filename("train"), task.filename("validation")})
+    examples = load_examples(task, directory)
+    vocabulary = label_vocabulary(task, examples)
+    splits = records.prepare_records(f"indonlu_{name}", examples, list(split_files(task, directory).values()), data_dir,
+                                     f"IndoNLU {name} ({task.folder})")
+    return splits, vocabulary

@@ -1,0 +1,117 @@
+"""One tfds builder for every corpus: validated examples written once as array_record (each
+example a JSON record), read back without TensorFlow through `as_data_source`.
+
+The dataset directory is keyed by a fingerprint of the source files, so edited files are never
+served stale. With several processes, process 0 writes and the others wait, then read.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import urllib.request
+
+import numpy as np
+
+
+log = logging.getLogger(__name__)
+
+
+def download_files(files: dict[str, str], destination: str, required=()) -> str:
+    """{filename: url} into `destination` (atomically; existing files are kept). A missing
+    optional file (held-out split) is skipped; a missing required one is an error."""
+    os.makedirs(destination, exist_ok=True)
+    for filename, url in files.items():
+        target = os.path.join(destination, filename)
+        if os.path.isfile(target):
+            continue
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                data = response.read()
+        except OSError as e:
+            if filename in required:
+                raise FileNotFoundError(f"could not download {url} ({e}); pass a local directory with "
+                                        "data.source instead") from e
+            log.info("no %s at %s (%s)", filename, url, e)
+            continue
+        fd, tmp = tempfile.mkstemp(dir=destination)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    return destination
+
+
+def fingerprint(paths) -> str:
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:12]
+
+
+def _builder_class():
+    import tensorflow_datasets as tfds
+
+    class RecordsBuilder(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def __init__(self, *, dataset_name: str, examples: dict[str, list[dict]], description: str = "", **kwargs):
+            self._dataset_name, self._examples, self._description = dataset_name, examples, description
+            super().__init__(**kwargs)
+
+        @property
+        def name(self):  # one directory per corpus
+            return self._dataset_name
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, description=self._description, features=tfds.features.FeaturesDict(
+                {"idx": np.int64, "record": tfds.features.Text()}))
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(split) for split in self._examples}
+
+        def _generate_examples(self, split):
+            for ex in self._examples[split]:
+                yield ex["idx"], {"idx": ex["idx"], "record": json.dumps(ex, ensure_ascii=False, sort_keys=True)}
+
+    return RecordsBuilder
+
+
+def prepare_records(name: str, examples: dict[str, list[dict]], source_files, data_dir: str,
+                    description: str = "") -> dict[str, "RecordSource"]:
+    """Writes {split: [example dicts with 'idx']} as array_record; returns random-access sources."""
+    import jax
+    import tensorflow_datasets as tfds
+    tfds.disable_progress_bar()
+    config = tfds.core.BuilderConfig(name=f"files_{fingerprint(source_files)}", description=description)
+    builder = _builder_class()(dataset_name=name, examples=examples, description=description, config=config,
+                               data_dir=os.path.expanduser(data_dir), file_format="array_record")
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        if jax.process_index() == 0:
+            builder.download_and_prepare()
+        multihost_utils.sync_global_devices(f"nli_jax prepare {name} {config.name}")
+    builder.download_and_prepare()
+    return {split: RecordSource(builder.as_data_source(split=split)) for split in examples}
+
+
+class RecordSource:
+    """Decoded examples of one split. Records come back in tfds' write order; `idx` gives the
+    order of the original file."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __len__(self):
+        return len(self._source)
+
+    def __getitem__(self, index):
+        record = self._source[index]["record"]
+        return json.loads(record.decode("utf-8") if isinstance(record, bytes) else record)
+
+
+class InMemorySource(list):
+    """A list of examples standing in for a RecordSource (carved and mixed splits)."""

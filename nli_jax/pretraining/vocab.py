@@ -1,0 +1,103 @@
+"""Vocabulary training, saved as the released IndoBERT models ship theirs: a WordPiece
+`vocab.txt` with the BERT special tokens (IndoBERT-lite too), loadable by transformers'
+BertTokenizer(Fast).
+
+Two algorithms:
+  wordpiece         - the `tokenizers` library's WordPiece trainer (default);
+  sentencepiece-bpe - SentencePiece BPE, as the IndoNLU paper says, with its pieces converted
+                      to WordPiece form (word-initial "▁x" -> "x", continuation "x" -> "##x").
+Either way the saved tokenizer encodes with WordPiece (greedy longest match). transformers'
+own conversion of a SentencePiece BPE model is treated as unigram and encodes differently,
+so nli-jax never relies on it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Placeholders of the Twitter normalisation stay whole tokens.
+PLACEHOLDERS = ["<username>", "<hashtag>", "<email>", "<links>"]
+
+
+def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 30522, algorithm: str = "wordpiece",
+                     lowercase: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
+                     sentencepiece_sample: int = 2_000_000) -> str:
+    """Trains on `files` (one sentence per line) and writes <output_dir>/vocab.txt plus
+    tokenizer_config.json; returns output_dir."""
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"corpus files not found: {missing}")
+    os.makedirs(output_dir, exist_ok=True)
+    if algorithm == "wordpiece":
+        vocab = _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet)
+    elif algorithm == "sentencepiece-bpe":
+        vocab = _sentencepiece_bpe(files, vocab_size, lowercase, sentencepiece_sample)
+    else:
+        raise ValueError(f"unknown vocabulary algorithm {algorithm!r}; expected wordpiece or sentencepiece-bpe")
+    with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab) + "\n")
+    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": 512,
+                   "strip_accents": None, "tokenize_chinese_chars": True}, f, indent=2)
+    with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+        json.dump({"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                   "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, f, indent=2)
+    return output_dir
+
+
+def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):
+    from tokenizers import BertWordPieceTokenizer
+    tokenizer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=None if lowercase else False)
+    tokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
+                    special_tokens=SPECIAL_TOKENS + PLACEHOLDERS, wordpieces_prefix="##")
+    vocab = tokenizer.get_vocab()
+    return [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+
+
+def _sentencepiece_bpe(files, vocab_size, lowercase, sample):
+    import sentencepiece as spm
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "bpe")
+        spm.SentencePieceTrainer.train(
+            input=",".join(files), model_prefix=prefix, model_type="bpe",
+            vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(PLACEHOLDERS), character_coverage=0.9999,
+            input_sentence_size=sample, shuffle_input_sentence=True, normalization_rule_name="nmt_nfkc_cf" if lowercase
+            else "nmt_nfkc", user_defined_symbols=PLACEHOLDERS, bos_id=-1, eos_id=-1, unk_id=0, num_threads=2,
+            minloglevel=2)
+        processor = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    vocab, seen = list(SPECIAL_TOKENS) + list(PLACEHOLDERS), set(SPECIAL_TOKENS) | set(PLACEHOLDERS)
+    for piece in pieces:
+        if piece in ("<unk>", "<s>", "</s>") or piece in PLACEHOLDERS:
+            continue
+        token = piece[1:] if piece.startswith("\u2581") else "##" + piece
+        if token and token != "##" and token not in seen:
+            vocab.append(token)
+            seen.add(token)
+    # WordPiece needs every single character as a word start and as a continuation.
+    for ch in sorted({c for t in vocab for c in t.replace("##", "")}):
+        for token in (ch, "##" + ch):
+            if token not in seen:
+                vocab.append(token)
+                seen.add(token)
+    return vocab
+
+
+def load_fast_tokenizer(vocab_dir: str, lowercase: bool | None = None):
+    """nli-jax's own encoder for pretraining data: the `tokenizers` WordPiece pipeline on the
+    same vocab.txt (batch encoding in Rust threads)."""
+    from tokenizers import BertWordPieceTokenizer
+    if lowercase is None:
+        config = os.path.join(vocab_dir, "tokenizer_config.json")
+        lowercase = True
+        if os.path.isfile(config):
+            with open(config, encoding="utf-8") as f:
+                lowercase = bool(json.load(f).get("do_lower_case", True))
+    tokenizer = BertWordPieceTokenizer(os.path.join(vocab_dir, "vocab.txt"), lowercase=lowercase,
+                                       strip_accents=None if lowercase else False)
+    for placeholder in PLACEHOLDERS:
+        if tokenizer.token_to_id(placeholder) is not None:
+            tokenizer.add_special_tokens([placeholder])
+    return tokenizer

@@ -1,0 +1,159 @@
+"""Encodings, losses and predictions shared by task families.
+
+Sentence(-pair) classification (NLI, EmoT, SmSA, WReTE), multi-aspect classification (CASA,
+HoASA) and word-level labelling (POS, NER, keyphrases, FacQA) differ only here.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
+from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, ForTokenClassification
+from nli_jax.tasks.base import Task
+
+
+def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> dict:
+    """Token ids for one text or a pair; long texts are cut from the longer one first."""
+    if text_b is None:
+        enc = tokenizer(text_a, truncation=True, max_length=max_length)
+    else:
+        enc = tokenizer(text_a, text_b, truncation="longest_first", max_length=max_length)
+    ids = np.asarray(enc["input_ids"], np.int32)
+    types = np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+
+
+class ClassificationTask(Task):
+    """One label per example from the pooled encoder output."""
+    labels: tuple[str, ...] = ()
+
+    def model_class_and_kwargs(self, config):
+        return ForSequenceClassification, {"num_labels": len(self.labels)}
+
+    def loss(self, model, batch, deterministic):
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        loss_sum, weight = weighted_cross_entropy(logits, batch["label"], batch["weight"])
+        correct, _ = weighted_accuracy(logits, batch["label"], batch["weight"])
+        return loss_sum, weight, {"correct": correct}
+
+    def predict(self, model, batch):
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
+        return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1)}
+
+    def prediction_records(self, split, examples, predictions):
+        return [{"split": split, "idx": e["idx"], "id": e.get("id", e["idx"]), "label": self.label_name(e),
+                 "prediction": self.labels[int(p)], "probabilities": [round(float(x), 6) for x in probs]}
+                for e, p, probs in zip(examples, predictions["prediction"], predictions["probabilities"])]
+
+    def label_name(self, example) -> str:
+        label = example["label"]
+        return self.labels[label] if isinstance(label, int) else label
+
+
+class MultiAspectTask(Task):
+    """One softmax per aspect; loss averaged over (example, aspect) pairs."""
+    aspects: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+
+    def model_class_and_kwargs(self, config):
+        return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
+
+    def loss(self, model, batch, deterministic):
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        weights = jnp.broadcast_to(batch["weight"][:, None], batch["labels"].shape)
+        loss_sum, weight = weighted_cross_entropy(logits, batch["labels"], weights)
+        correct, _ = weighted_accuracy(logits, batch["labels"], weights)
+        return loss_sum, weight, {"correct": correct}
+
+    def predict(self, model, batch):
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
+        return {"prediction": jnp.argmax(logits, -1)}
+
+
+class TaggingTask(Task):
+    """Labels on words, predicted from sub-word tokens.
+
+    `data.word_alignment`: "first" labels each word from its first sub-token; "average" (the
+    IndoNLU framework's choice) from the mean of its sub-token vectors. Both are one matrix M
+    [words, tokens] per example: word logits = M @ token logits / row sums (the classifier is
+    affine, so averaging logits equals classifying the averaged vector).
+    """
+    labels: tuple[str, ...] = ()
+    question_field: str | None = None  # FacQA: the question is the first segment, labels on the passage
+
+    def model_class_and_kwargs(self, config):
+        return ForTokenClassification, {"num_labels": len(self.labels)}
+
+    def pad_values(self, tokenizer):
+        return {**super().pad_values(tokenizer), "word_index": -1, "word_labels": 0, "word_mask": 0}
+
+    def encoder(self, config, tokenizer):
+        max_length = int(config.data.max_seq_length)
+        alignment = config.data.get("word_alignment", "average")
+        if alignment not in ("first", "average"):
+            raise ValueError(f"data.word_alignment must be 'first' or 'average', got {alignment!r}")
+        label_ids = {name: i for i, name in enumerate(self.labels)}
+
+        def encode(example):
+            words = example["tokens"]
+            if self.question_field:
+                enc = tokenizer(example[self.question_field], words, is_split_into_words=True,
+                                truncation="longest_first", max_length=max_length)
+                target = 1
+            else:
+                enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length)
+                target = 0
+            word_ids, sequence_ids = enc.word_ids(), enc.sequence_ids()
+            word_index = np.full(len(word_ids), -1, np.int32)
+            previous = None
+            for t, (w, s) in enumerate(zip(word_ids, sequence_ids)):
+                if w is None or s != target:
+                    previous = None
+                    continue
+                if alignment == "average" or w != previous:
+                    word_index[t] = w
+                previous = w
+            n_words = min(len(words), max_length)
+            word_mask = np.zeros(n_words, np.float32)
+            covered = word_index[word_index >= 0]
+            word_mask[covered[covered < n_words]] = 1.0
+            ids = np.asarray(enc["input_ids"], np.int32)
+            return {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                    "token_type_ids": np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32),
+                    "word_index": word_index, "word_mask": word_mask,
+                    "word_labels": np.asarray([label_ids[t] for t in example["tags"][:n_words]], np.int32),
+                    "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
+        return encode
+
+    def word_logits(self, model, batch, deterministic):
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        n_words = batch["word_labels"].shape[1]
+        membership = (batch["word_index"][:, None, :] == jnp.arange(n_words)[None, :, None]).astype(logits.dtype)
+        counts = jnp.maximum(membership.sum(-1, keepdims=True), 1.0)
+        return jnp.einsum("bwt,btl->bwl", membership, logits) / counts
+
+    def loss(self, model, batch, deterministic):
+        logits = self.word_logits(model, batch, deterministic)
+        weights = batch["word_mask"] * batch["weight"][:, None]
+        loss_sum, weight = weighted_cross_entropy(logits, batch["word_labels"], weights)
+        correct, _ = weighted_accuracy(logits, batch["word_labels"], weights)
+        return loss_sum, weight, {"correct": correct}
+
+    def predict(self, model, batch):
+        return {"prediction": jnp.argmax(self.word_logits(model, batch, True), -1), "word_mask": batch["word_mask"]}
+
+    def predicted_tags(self, example, prediction, word_mask) -> list[str]:
+        """Words the encoding could not see (truncated, or no sub-token) are predicted 'O'."""
+        fallback = "O" if "O" in self.labels else self.labels[0]
+        out = []
+        for i in range(len(example["tags"])):
+            seen = i < len(word_mask) and word_mask[i] > 0
+            out.append(self.labels[int(prediction[i])] if seen else fallback)
+        return out
+
+    def prediction_records(self, split, examples, predictions):
+        return [{"split": split, "idx": e["idx"], "tokens": e["tokens"], "tags": e["tags"],
+                 "prediction": self.predicted_tags(e, p, m)}
+                for e, p, m in zip(examples, predictions["prediction"], predictions["word_mask"])]

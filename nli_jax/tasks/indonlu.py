@@ -1,0 +1,105 @@
+"""The 12 IndoNLU tasks with the benchmark's metrics (as the IndoNLU framework computes them):
+macro-F1 for EmoT, SmSA, WReTE; macro-F1 over all (example, aspect) labels flattened for CASA
+and HoASA; CoNLL chunk F1 macro-averaged over chunk types (plus token accuracy) for POSP,
+BaPOS, TermA, KEPS, NERGrit, NERP and FacQA."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+from nli_jax.data import indonlu as data
+from nli_jax.metrics import conll_scores, precision_recall_f1
+from nli_jax.tasks.base import register
+from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingTask, encode_text
+
+CLASSIFICATION = ("emot", "smsa", "casa", "hoasa", "wrete")
+SEQUENCE_LABELLING = ("posp", "bapos", "terma", "keps", "nergrit", "nerp", "facqa")
+
+
+class _IndoNLUData:
+    primary_metric = "f1"
+    spec: data.IndoNLUTask
+
+    def load(self, config):
+        tfds_dir = os.path.expanduser(config.data.get("tfds_dir") or "~/tensorflow_datasets/nli_jax")
+        splits, vocabulary = data.prepare(self.spec.name, config.data.get("source") or None, tfds_dir)
+        self.labels = tuple(vocabulary)
+        return splits
+
+
+class SentenceTask(_IndoNLUData, ClassificationTask):
+    def __init__(self, name):
+        self.name, self.spec = name, data.TASKS[name]
+
+    def encoder(self, config, tokenizer):
+        max_length, ids = int(config.data.max_seq_length), {n: i for i, n in enumerate(self.labels)}
+        pair = self.spec.kind == "pair"
+
+        def encode(example):
+            features = (encode_text(tokenizer, example["text_a"], example["text_b"], max_length) if pair
+                        else encode_text(tokenizer, example["text"], None, max_length))
+            return {**features, "label": np.int32(ids[example["label"]]), "idx": np.int32(example["idx"]),
+                    "weight": np.float32(1.0)}
+        return encode
+
+    def report(self, split, examples, predictions):
+        gold = [e["label"] for e in examples]
+        pred = [self.labels[int(p)] for p in predictions["prediction"]]
+        out = {**precision_recall_f1(gold, pred), "count": len(gold)}
+        if self.spec.kind == "pair":
+            categories = sorted({e["category"] for e in examples})
+            out["by_category"] = {c: {**precision_recall_f1([g for g, e in zip(gold, examples) if e["category"] == c],
+                                                            [p for p, e in zip(pred, examples) if e["category"] == c]),
+                                      "count": sum(e["category"] == c for e in examples)} for c in categories}
+        return out
+
+
+class AspectTask(_IndoNLUData, MultiAspectTask):
+    def __init__(self, name):
+        self.name, self.spec = name, data.TASKS[name]
+        self.aspects = self.spec.aspects
+
+    def encoder(self, config, tokenizer):
+        max_length, ids = int(config.data.max_seq_length), {n: i for i, n in enumerate(self.labels)}
+
+        def encode(example):
+            return {**encode_text(tokenizer, example["text"], None, max_length),
+                    "labels": np.asarray([ids[l] for l in example["labels"]], np.int32),
+                    "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
+        return encode
+
+    def report(self, split, examples, predictions):
+        gold = list(itertools.chain.from_iterable(e["labels"] for e in examples))
+        pred = [self.labels[int(p)] for row in predictions["prediction"] for p in row]
+        out = {**precision_recall_f1(gold, pred), "count": len(examples)}
+        out["by_aspect"] = {a: precision_recall_f1([e["labels"][i] for e in examples],
+                                                   [self.labels[int(r[i])] for r in predictions["prediction"]])
+                            for i, a in enumerate(self.aspects)}
+        return out
+
+    def prediction_records(self, split, examples, predictions):
+        return [{"split": split, "idx": e["idx"], "labels": dict(zip(self.aspects, e["labels"])),
+                 "prediction": {a: self.labels[int(p)] for a, p in zip(self.aspects, row)}}
+                for e, row in zip(examples, predictions["prediction"])]
+
+
+class WordTask(_IndoNLUData, TaggingTask):
+    def __init__(self, name):
+        self.name, self.spec = name, data.TASKS[name]
+        self.question_field = "question" if self.spec.kind == "qa" else None
+
+    def report(self, split, examples, predictions):
+        gold = [e["tags"] for e in examples]
+        pred = [self.predicted_tags(e, p, m) for e, p, m in
+                zip(examples, predictions["prediction"], predictions["word_mask"])]
+        return {**conll_scores(gold, pred), "count": len(examples)}
+
+
+for _name in ("emot", "smsa", "wrete"):
+    register(_name)(lambda n=_name: SentenceTask(n))
+for _name in ("casa", "hoasa"):
+    register(_name)(lambda n=_name: AspectTask(n))
+for _name in SEQUENCE_LABELLING:
+    register(_name)(lambda n=_name: WordTask(n))

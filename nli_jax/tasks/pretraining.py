@@ -1,0 +1,130 @@
+"""Masked-LM pretraining (+ NSP for BERT, SOP for ALBERT) as a task of the shared loop.
+
+Data: array_record segment pairs from nli_jax.pretraining.examples (built from
+`pretrain.corpus` into <workdir>/examples when `pretrain.examples_dir` is empty), masked on the
+fly. Loss: MLM cross-entropy at the gathered masked positions (mean over masked tokens) plus the
+sentence loss (mean over pairs). Evaluation on held-out documents: MLM and sentence accuracy.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nli_jax.data.pipeline import Subset
+from nli_jax.losses import masked_lm_loss, weighted_accuracy, weighted_cross_entropy
+from nli_jax.models import ForMaskedLM
+from nli_jax.pretraining.examples import ExampleSource, create_examples
+from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_pair
+from nli_jax.tasks.base import Task, register
+
+
+class Pretraining(Task):
+    name = "pretraining"
+    primary_metric = "mlm_accuracy"
+    validation_split = "heldout"
+
+    def __init__(self):
+        self.examples_dir = None
+
+    def load(self, config):
+        p = config.pretrain
+        directory = p.get("examples_dir") or ""
+        if not directory:
+            directory = os.path.join(self.workdir, "examples")
+            if not os.path.isfile(os.path.join(directory, "examples.json")):
+                files = sorted(f for pattern in p.corpus for f in glob.glob(os.path.expanduser(pattern)))
+                if not files:
+                    raise FileNotFoundError(f"pretrain.corpus matches no files: {list(p.corpus)}")
+                if jax.process_index() == 0:
+                    create_examples(files, config.model.tokenizer, directory, max_seq_length=int(config.data.max_seq_length),
+                                    short_seq_prob=float(p.short_seq_prob), sentence_task=p.sentence_task,
+                                    dupe_factor=int(p.dupe_factor), seed=int(p.data_seed), workers=int(p.workers),
+                                    heldout_permille=int(p.heldout_permille), progress=False)
+                if jax.process_count() > 1:
+                    from jax.experimental import multihost_utils
+                    multihost_utils.sync_global_devices("nli_jax pretraining examples")
+        self.examples_dir = directory
+        train = ExampleSource(directory, "train")
+        meta = train.meta
+        if meta["max_seq_length"] != int(config.data.max_seq_length):
+            raise ValueError(f"{directory} holds examples of length {meta['max_seq_length']} but data.max_seq_length "
+                             f"is {config.data.max_seq_length}: build the phase's examples with that length")
+        if meta["sentence_task"] != p.sentence_task:
+            raise ValueError(f"{directory} was built with sentence_task {meta['sentence_task']!r}, config says "
+                             f"{p.sentence_task!r}")
+        heldout = ExampleSource(directory, "heldout")
+        limit = min(len(heldout), int(p.heldout_examples))
+        return {"train": train, "heldout": Subset(heldout, range(limit))}
+
+    def model_class_and_kwargs(self, config):
+        return ForMaskedLM, {"sentence_head": config.pretrain.sentence_task != "none"}
+
+    def pad_values(self, tokenizer):
+        return {}  # fixed shapes already
+
+    def encoder(self, config, tokenizer):
+        p = config.pretrain
+        vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+        specials = [tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")]
+        cfg = MaskingConfig(max_seq_length=int(config.data.max_seq_length), max_predictions=int(p.max_predictions),
+                            mask_prob=float(p.mask_prob), whole_word=bool(p.whole_word), max_ngram=int(p.max_ngram),
+                            vocab_size=len(vocab), cls_id=specials[0], sep_id=specials[1], mask_id=specials[2],
+                            pad_id=specials[3], random_token_low=int(p.get("random_token_low", 0)))
+        table = continuation_table(vocab)
+        eval_seed = int(config.train.seed) + 7919
+
+        def encode(example, rng=None):
+            if rng is None:  # evaluation: a fixed mask per held-out example
+                rng = np.random.default_rng((eval_seed, int(example["idx"])))
+            out = mask_pair(example["a"], example["b"], example["label"], rng, cfg, table)
+            out["idx"] = np.int32(example["idx"])
+            out["weight"] = np.float32(1.0)
+            return out
+        encode.needs_rng = True
+        return encode
+
+    def _outputs(self, model, batch, deterministic):
+        return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                     masked_positions=batch["masked_positions"], deterministic=deterministic)
+
+    def loss(self, model, batch, deterministic):
+        out = self._outputs(model, batch, deterministic)
+        weights = batch["masked_weights"] * batch["weight"][:, None]
+        mlm_sum, mlm_w = masked_lm_loss(out["mlm_logits"], batch["masked_ids"], weights)
+        mlm_correct, _ = weighted_accuracy(out["mlm_logits"], batch["masked_ids"], weights)
+        examples = jnp.sum(batch["weight"])
+        loss = mlm_sum / jnp.maximum(mlm_w, 1.0)
+        sums = {"mlm_loss_sum": mlm_sum, "mlm_weight": mlm_w, "mlm_correct": mlm_correct}
+        if "sentence_logits" in out:
+            s_sum, s_w = weighted_cross_entropy(out["sentence_logits"], batch["sentence_label"], batch["weight"])
+            s_correct, _ = weighted_accuracy(out["sentence_logits"], batch["sentence_label"], batch["weight"])
+            loss = loss + s_sum / jnp.maximum(s_w, 1.0)
+            sums.update(sentence_loss_sum=s_sum, sentence_weight=s_w, sentence_correct=s_correct)
+        # (batch-mean loss) x examples, with the examples as weight: the loop's mean gives it back.
+        return loss * examples, examples, sums
+
+    def predict(self, model, batch):
+        out = self._outputs(model, batch, True)
+        hit = (jnp.argmax(out["mlm_logits"], -1) == batch["masked_ids"]) * batch["masked_weights"]
+        pred = {"mlm_correct": hit.sum(-1), "mlm_count": batch["masked_weights"].sum(-1)}
+        if "sentence_logits" in out:
+            pred["sentence_correct"] = (jnp.argmax(out["sentence_logits"], -1) == batch["sentence_label"]).astype(jnp.float32)
+        return pred
+
+    def report(self, split, examples, predictions):
+        correct = float(np.sum(predictions["mlm_correct"]))
+        count = float(np.sum(predictions["mlm_count"]))
+        out = {"mlm_accuracy": correct / max(count, 1.0), "masked_tokens": int(count), "count": len(examples)}
+        if "sentence_correct" in predictions:
+            out["sentence_accuracy"] = float(np.mean(predictions["sentence_correct"]))
+        return out
+
+    def prediction_records(self, split, examples, predictions):
+        return []  # per-example pretraining predictions are not useful to write
+
+
+register("pretraining")(Pretraining)

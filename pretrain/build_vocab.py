@@ -1,0 +1,27 @@
+"""Trains the vocabulary and saves it as IndoBERT's: a WordPiece vocab.txt with BERT special tokens.
+
+    python -m pretrain.build_vocab --corpus="/data/corpus/*.txt" --output_dir=/data/vocab --vocab_size=30522
+    python -m pretrain.build_vocab ... --vocab_size=30000 --algorithm=sentencepiece-bpe   # the paper's SentencePiece BPE
+"""
+import glob
+
+from absl import app, flags
+
+flags.DEFINE_list("corpus", None, "corpus files or globs (one sentence per line)")
+flags.DEFINE_string("output_dir", None, "where vocab.txt and tokenizer_config.json are written")
+flags.DEFINE_integer("vocab_size", 30522, "30,522 for IndoBERT, 30,000 for IndoBERT-lite")
+flags.DEFINE_enum("algorithm", "wordpiece", ["wordpiece", "sentencepiece-bpe"], "training algorithm")
+flags.DEFINE_bool("lowercase", True, "uncased vocabulary, as IndoBERT's")
+flags.mark_flags_as_required(["corpus", "output_dir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    from nli_jax.pretraining.vocab import train_vocabulary
+    files = sorted(f for pattern in FLAGS.corpus for f in (glob.glob(pattern) or [pattern]))
+    print(train_vocabulary(files, FLAGS.output_dir, vocab_size=FLAGS.vocab_size, algorithm=FLAGS.algorithm,
+                           lowercase=FLAGS.lowercase))
+
+
+if __name__ == "__main__":
+    app.run(main)

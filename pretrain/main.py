@@ -1,0 +1,18 @@
+"""Pretrain: python -m pretrain.main --config=configs/pretrain/indobert_base.py:phase=1 --workdir=DIR
+
+    --config=configs/pretrain/indobert_lite_base.py:cpu_test   tiny model, shipped fixture corpus, offline
+    --config.pretrain.corpus="('/data/corpus/*.txt',)"         prepared corpus (pretrain.prepare_corpus)
+    --config.pretrain.examples_dir=/data/examples128           prebuilt examples (pretrain.create_examples)
+    --config.model.init=RUN1/export                            phase 2 starts from phase 1's final parameters
+
+The same loop, checkpointing, exact resume and SIGTERM handling as finetune.main; the final
+model and tokenizer are exported to <workdir>/export (Hugging Face format).
+"""
+from absl import app
+
+from nli_jax.train import cli
+
+cli.define_flags()
+
+if __name__ == "__main__":
+    app.run(cli.main)

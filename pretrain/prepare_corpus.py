@@ -1,0 +1,32 @@
+"""Raw text -> deduplicated documents (one sentence per line, blank line between documents), sharded.
+
+    python -m pretrain.prepare_corpus --inputs="/data/raw/*.txt" --output_dir=/data/corpus --shards=64 --workers=16
+    python -m pretrain.prepare_corpus --inputs=tweets.txt --twitter --output_dir=...   # <username> <hashtag> <email> <links>
+"""
+import glob
+import json
+
+from absl import app, flags
+
+flags.DEFINE_list("inputs", None, "input files or globs")
+flags.DEFINE_string("output_dir", None, "where corpus-SSSSS-of-NNNNN.txt are written")
+flags.DEFINE_integer("shards", 8, "output shards (dedup buckets)")
+flags.DEFINE_integer("workers", 2, "worker processes")
+flags.DEFINE_bool("twitter", False, "mask usernames, hashtags, emails and links as in the IndoNLU paper")
+flags.DEFINE_bool("lines_are_sentences", False, "input already has one sentence per line")
+flags.DEFINE_integer("max_lines_per_document", 0, "cut longer documents (sources without document breaks)")
+flags.mark_flags_as_required(["inputs", "output_dir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    from nli_jax.pretraining.corpus import prepare_corpus
+    files = sorted(f for pattern in FLAGS.inputs for f in (glob.glob(pattern) or [pattern]))
+    stats = prepare_corpus(files, FLAGS.output_dir, shards=FLAGS.shards, workers=FLAGS.workers, twitter=FLAGS.twitter,
+                           lines_are_sentences=FLAGS.lines_are_sentences,
+                           max_lines_per_document=FLAGS.max_lines_per_document)
+    print(json.dumps({k: v for k, v in stats.items() if k != "shards"}, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
