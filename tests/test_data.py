@@ -137,3 +137,14 @@ def test_train_dataset_reshuffles_each_epoch_and_resumes_from_state():
     resumed = make()
     resumed.set_state(state)
     assert [next(resumed)["x"].tolist() for _ in range(3)] == batches[3:]
+
+
+def test_shuffled_index_is_a_permutation_per_epoch():
+    for n in (1, 7, 100, 1000, 4099):
+        first = pipeline.shuffled_index(np.arange(n), n, seed=3)
+        second = pipeline.shuffled_index(np.arange(n, 2 * n), n, seed=3)
+        assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(n))
+        if n > 10:
+            assert first.tolist() != second.tolist() and first.tolist() != list(range(n))
+    np.testing.assert_array_equal(pipeline.shuffled_index(np.arange(50), 50, seed=1),
+                                  pipeline.shuffled_index(np.arange(50), 50, seed=1))

@@ -1,5 +1,6 @@
 """grain input pipelines: seeded shuffle (new order each epoch) -> this process's rows of each
-global batch -> encode (tokenise) -> batch with padding to a length bucket -> global jax.Array.
+global batch (one batched read) -> encode (tokenise) -> collate (pad to a length bucket, or MLM
+masking) -> global jax.Array.
 
 Training iterators are grain DatasetIterators whose state is checkpointed with the model, so
 a resumed run continues from the exact batch. Evaluation visits every example once: the last
@@ -44,41 +45,86 @@ def process_shard(n: int, process_index: int, process_count: int, *, drop_remain
     return range(process_index, n, process_count)
 
 
-class _ProcessRows:
-    """Row r of this process's stream = row (b * global + process * local + i) of the global
-    stream, for batch b = r // local and i = r % local."""
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
-    def __init__(self, ordered, global_batch: int, local_batch: int, process_index: int):
-        self.ordered, self.g, self.l, self.p = ordered, global_batch, local_batch, process_index
 
-    def __call__(self, r):
-        return self.ordered[(r // self.l) * self.g + self.p * self.l + r % self.l]
+def _mix(z):
+    """splitmix64's finaliser: a bijective 64-bit hash (vectorised)."""
+    z = z.astype(np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def shuffled_index(positions, n: int, seed: int):
+    """Element of the shuffled, repeated stream at `positions`: epoch e = position // n visits
+    [0, n) in its own pseudo-random order (a keyed 4-round Feistel network on the next even
+    power of two, cycle-walking into [0, n)). O(1) memory, so a 250M-example corpus is fine."""
+    positions = np.asarray(positions, np.int64)
+    epoch, x = positions // n, (positions % n).astype(np.uint64)
+    half = max(1, ((max(n - 1, 1)).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    with np.errstate(over="ignore"):
+        keys = [_mix(_mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + epoch.astype(np.uint64)) + np.uint64(r))
+                for r in range(4)]
+
+        def feistel(v, k):
+            left, right = v >> np.uint64(half), v & mask
+            for key in k:
+                left, right = right, left ^ (_mix(right ^ key) & mask)
+            return (left << np.uint64(half)) | right
+
+        out = feistel(x, keys)
+        bad = out >= np.uint64(n)
+        while bad.any():  # cycle walking: at most a few rounds, the domain is < 4n
+            out[bad] = feistel(out[bad], [k[bad] for k in keys])
+            bad = out >= np.uint64(n)
+    return out.astype(np.int64)
+
+
+class _ProcessBatch:
+    """Global batch b of the shuffled stream -> this process's rows (contiguous slice), read
+    with one batched call when the source has one, then encoded."""
+
+    def __init__(self, source, encode, global_batch: int, local_batch: int, process_index: int, seed: int):
+        self.source, self.encode, self.seed = source, encode, seed
+        self.g, self.l, self.p, self.n = global_batch, local_batch, process_index, len(source)
+
+    def __call__(self, b):
+        positions = b * self.g + self.p * self.l + np.arange(self.l)
+        indices = shuffled_index(positions, self.n, self.seed).tolist()
+        get_many = getattr(self.source, "get_many", None)
+        rows = get_many(indices) if get_many else [self.source[i] for i in indices]
+        return [self.encode(r) for r in rows]
 
 
 def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: int, seed: int, num_epochs: int,
-                  collate: Callable[[Sequence[dict]], dict], process_index: int = 0, process_count: int = 1,
+                  collate: Callable, process_index: int = 0, process_count: int = 1,
                   workers: int = 0) -> grain.IterDataset:
     """Global batches do not depend on the number of processes or devices: the split is
     shuffled with `seed` (a new order each epoch) identically everywhere, cut into global
-    batches, and each process reads only its contiguous rows of each global batch."""
+    batches, and each process reads only its contiguous rows of each global batch. The grain
+    element is a batch, so per-example pipeline overhead is paid once per batch."""
     global_batch = local_batch_size * process_count
     if len(source) < global_batch:
         raise ValueError(f"training split has {len(source)} examples, fewer than one global batch of {global_batch}")
-    ordered = grain.MapDataset.source(source).shuffle(seed=seed).repeat(num_epochs)
-    # Encoding that draws random numbers (MLM masking) gets a generator per position of the
-    # global stream: new masks every epoch, the same ones whatever the process count.
-    if getattr(encode, "needs_rng", False):
-        ordered = ordered.random_map(encode, seed=seed)
+    num_batches = len(source) * num_epochs // global_batch
+    ds = grain.MapDataset.range(num_batches).map(
+        _ProcessBatch(source, encode, global_batch, local_batch_size, process_index, seed))
+    if getattr(collate, "needs_rng", False):
+        # Batch-level randomness (MLM masking): a generator per global batch index, the same on
+        # every process, so masks do not depend on the process count.
+        ds = ds.random_map(collate, seed=seed)
     else:
-        ordered = ordered.map(encode)
-    num_batches = len(ordered) // global_batch
-    ds = grain.MapDataset.range(num_batches * local_batch_size).map(
-        _ProcessRows(ordered, global_batch, local_batch_size, process_index))
-    ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=collate)
+        ds = ds.map(collate)
     it = ds.to_iter_dataset()
     if workers > 0:
-        # Workers need absl flags parsed and a __main__ guard; a saved iterator state restores
-        # only with the same worker count.
+        # grain workers read absl flags: parse them when the program did not (argparse, pytest).
+        # The program still needs a __main__ guard; a saved iterator state restores only with
+        # the same worker count.
+        from absl import flags
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return it
 

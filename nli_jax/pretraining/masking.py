@@ -1,12 +1,15 @@
-"""Masked-LM inputs built on the fly from a segment pair (a new mask every epoch).
+"""Masked-LM batches built on the fly from segment pairs (new masks every epoch), vectorised
+over the batch: the pipeline's per-example work is only decoding a record.
 
-[CLS] A [SEP] B [SEP], then mask_prob (15%) of the tokens, at most max_predictions:
+For each row [CLS] A [SEP] B [SEP], mask_prob (15%) of its tokens, at most max_predictions:
   - units are tokens, or whole words (a token and its following "##" pieces) with whole_word;
-  - with max_ngram > 1 (ALBERT) a unit is an n-gram of n consecutive units, n drawn with
-    p(n) ∝ 1/n for n = 1..max_ngram;
-  - units are taken in random order, skipping one that would exceed the budget or overlap;
+  - with max_ngram > 1 (ALBERT) a span is n consecutive units, n drawn per unit with
+    p(n) ∝ 1/n, n = 1..max_ngram;
+  - spans are tried in random order, skipping one that would exceed the budget or overlap
+    (the greedy rule of BERT's and ALBERT's create_pretraining_data), all rows at once;
   - each chosen token becomes [MASK] 80%, itself 10%, a random token 10%.
-Outputs have fixed shapes (max_seq_length, max_predictions): one compiled step on TPU.
+Random numbers are drawn for the whole global batch and sliced, so the masks of a global batch
+do not depend on how many processes share it. Shapes are fixed: one compiled step.
 """
 from __future__ import annotations
 
@@ -39,71 +42,113 @@ def continuation_table(vocab: list[str]) -> np.ndarray:
     return np.asarray([t.startswith("##") for t in vocab], dtype=bool)
 
 
-def mask_pair(a: np.ndarray, b: np.ndarray, label: int, rng: np.random.Generator, cfg: MaskingConfig,
-              is_continuation: np.ndarray) -> dict:
-    n_a, n_b = len(a), len(b)
-    ids = np.empty(n_a + n_b + (3 if n_b else 2), np.int32)
-    ids[0] = cfg.cls_id
-    ids[1:1 + n_a] = a
-    ids[1 + n_a] = cfg.sep_id
-    if n_b:
-        ids[2 + n_a:2 + n_a + n_b] = b
-        ids[-1] = cfg.sep_id
-    length = len(ids)
-    types = np.zeros(length, np.int32)
-    types[2 + n_a:] = 1
-
-    # Candidate units: runs of positions (whole words, or single tokens).
-    candidates = np.ones(length, bool)
-    candidates[0] = candidates[1 + n_a] = candidates[length - 1] = False
-    positions = np.flatnonzero(candidates)
-    if cfg.whole_word:
-        starts = ~is_continuation[ids[positions]]
-        starts[0] = True
-        # A segment boundary always starts a new word.
+def assemble(rows: list[dict], cfg: MaskingConfig):
+    """[CLS] A [SEP] B [SEP] for every row: ids, token types, candidate mask, B's start."""
+    B, L = len(rows), cfg.max_seq_length
+    ids = np.full((B, L), cfg.pad_id, np.int32)
+    types = np.zeros((B, L), np.int32)
+    lengths = np.zeros(B, np.int32)
+    b_start = np.full(B, L, np.int32)
+    for r, row in enumerate(rows):
+        a, b = row["a"], row["b"]
+        n_a, n_b = len(a), len(b)
+        n = n_a + n_b + (3 if n_b else 2)
+        if n > L:
+            raise ValueError(f"segment pair of {n} tokens exceeds max_seq_length {L}")
+        ids[r, 0] = cfg.cls_id
+        ids[r, 1:1 + n_a] = a
+        ids[r, 1 + n_a] = cfg.sep_id
         if n_b:
-            starts[positions == 2 + n_a] = True
-        unit_of = np.cumsum(starts) - 1
+            ids[r, 2 + n_a:2 + n_a + n_b] = b
+            ids[r, n - 1] = cfg.sep_id
+            types[r, 2 + n_a:n] = 1
+            b_start[r] = 2 + n_a
+        lengths[r] = n
+    positions = np.arange(L)[None, :]
+    candidates = (positions < lengths[:, None]) & (ids != cfg.cls_id) & (ids != cfg.sep_id)
+    return ids, types, lengths, candidates, b_start
+
+
+def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, is_continuation: np.ndarray, *,
+               row_offset: int = 0, global_rows: int | None = None, return_spans: bool = False) -> dict:
+    """rows: dicts with token arrays "a", "b" and "label" (+ "idx", "weight" passed through)."""
+    B, L, P = len(rows), cfg.max_seq_length, cfg.max_predictions
+    G = global_rows or B
+    ids, types, lengths, cand, b_start = assemble(rows, cfg)
+    positions = np.arange(L)[None, :]
+
+    # Units: a new unit starts at every candidate token (or, for whole words, at every candidate
+    # that is not a "##" piece, and at the start of each segment).
+    if cfg.whole_word:
+        previous_cand = np.concatenate([np.zeros((B, 1), bool), cand[:, :-1]], axis=1)
+        starts = cand & (~is_continuation[ids] | ~previous_cand | (positions == b_start[:, None]))
     else:
-        unit_of = np.arange(len(positions))
-    n_units = int(unit_of[-1]) + 1 if len(positions) else 0
-    unit_start = np.searchsorted(unit_of, np.arange(n_units + 1))  # unit u = positions[unit_start[u]:unit_start[u+1]]
+        starts = cand
+    unit_count = starts.sum(1)
+    U = L
+    # first_pos[r, u]: token position where unit u starts; for u >= unit_count (and in the extra
+    # last column) one past the last candidate, so a span ending at the last unit is closed.
+    order = np.argsort(~starts, axis=1, kind="stable")
+    end_of_candidates = (np.where(cand, positions, -1).max(1) + 1).astype(np.int32)
+    first_pos = np.where(np.arange(U)[None, :] < unit_count[:, None], order, end_of_candidates[:, None])
+    first_pos = np.concatenate([first_pos, end_of_candidates[:, None]], axis=1).astype(np.int32)
 
-    budget = min(cfg.max_predictions, max(1, int(round(length * cfg.mask_prob))))
-    chosen = np.zeros(length, bool)
-    taken = 0
-    ngrams = rng.choice(np.arange(1, cfg.max_ngram + 1), size=n_units, p=cfg.ngram_probabilities()) \
-        if cfg.max_ngram > 1 else np.ones(n_units, np.int64)
-    for u in rng.permutation(n_units):
-        if taken >= budget:
+    # Global draws, sliced to this process's rows.
+    rows_slice = slice(row_offset, row_offset + B)
+    priority = rng.random((G, U))[rows_slice]
+    ngram = (rng.choice(np.arange(1, cfg.max_ngram + 1), size=(G, U), p=cfg.ngram_probabilities())[rows_slice]
+             if cfg.max_ngram > 1 else np.ones((B, U), np.int64))
+    replace_draw = rng.random((G, P))[rows_slice]
+    random_tokens = rng.integers(cfg.random_token_low, cfg.vocab_size, (G, P))[rows_slice]
+
+    priority = np.where(np.arange(U)[None, :] < unit_count[:, None], priority, np.inf)
+    visit = np.argsort(priority, axis=1)  # random order of each row's units
+    budget = np.minimum(P, np.maximum(1, np.round(lengths * cfg.mask_prob).astype(np.int64)))
+    # Per iteration only O(batch) work: spans are runs of units, their token counts come from
+    # prefix sums of the candidates, and overlap is checked on the (at most max_ngram) units.
+    cumulative = np.concatenate([np.zeros((B, 1), np.int64), np.cumsum(cand, axis=1)], axis=1)
+    chosen_units = np.zeros((B, U + cfg.max_ngram), bool)
+    taken = np.zeros(B, np.int64)
+    accepted_ngrams = []
+    rows_index = np.arange(B)
+    for t in range(int(unit_count.max(initial=0))):
+        active = (t < unit_count) & (taken < budget)
+        if not active.any():
             break
-        end_unit = min(n_units, u + int(ngrams[u]))
-        span = positions[unit_start[u]:unit_start[end_unit]]
-        if taken + len(span) > budget or chosen[span].any():
-            continue
-        chosen[span] = True
-        taken += len(span)
+        u = visit[:, t]
+        end_unit = np.minimum(unit_count, u + ngram[rows_index, u])
+        size = cumulative[rows_index, first_pos[rows_index, end_unit]] - cumulative[rows_index, first_pos[rows_index, u]]
+        overlap = np.zeros(B, bool)
+        for j in range(cfg.max_ngram):
+            overlap |= (u + j < end_unit) & chosen_units[rows_index, u + j]
+        ok = active & (taken + size <= budget) & ~overlap
+        for j in range(cfg.max_ngram):
+            take = ok & (u + j < end_unit)
+            chosen_units[rows_index[take], (u + j)[take]] = True
+        taken += size * ok
+        if return_spans:
+            accepted_ngrams.extend((end_unit - u)[ok].tolist())
+    unit_of = np.maximum(np.cumsum(starts, axis=1) - 1, 0)
+    chosen = cand & np.take_along_axis(chosen_units, unit_of, axis=1)
 
-    masked_positions = np.flatnonzero(chosen).astype(np.int32)
-    masked_ids = ids[masked_positions].copy()
-    r = rng.random(len(masked_positions))
-    replaced = ids.copy()
-    replaced[masked_positions[r < 0.8]] = cfg.mask_id
-    random_slots = masked_positions[r >= 0.9]
-    replaced[random_slots] = rng.integers(cfg.random_token_low, cfg.vocab_size, len(random_slots))
+    # Up to P chosen positions per row, in order; then 80% [MASK] / 10% same / 10% random.
+    masked_positions = np.argsort(~chosen, axis=1, kind="stable")[:, :P].astype(np.int32)
+    valid = np.arange(P)[None, :] < chosen.sum(1)[:, None]
+    masked_positions = np.where(valid, masked_positions, 0)
+    masked_ids = np.where(valid, np.take_along_axis(ids, masked_positions, axis=1), 0).astype(np.int32)
+    inputs = ids.copy()
+    to_mask = valid & (replace_draw < 0.8)
+    to_random = valid & (replace_draw >= 0.9)
+    r_idx = np.broadcast_to(rows_index[:, None], (B, P))
+    inputs[r_idx[to_mask], masked_positions[to_mask]] = cfg.mask_id
+    inputs[r_idx[to_random], masked_positions[to_random]] = random_tokens[to_random]
 
-    L, P = cfg.max_seq_length, cfg.max_predictions
-    if length > L:
-        raise ValueError(f"segment pair of {length} tokens exceeds max_seq_length {L}")
-    out = {"input_ids": np.full(L, cfg.pad_id, np.int32), "attention_mask": np.zeros(L, np.int32),
-           "token_type_ids": np.zeros(L, np.int32), "masked_positions": np.zeros(P, np.int32),
-           "masked_ids": np.zeros(P, np.int32), "masked_weights": np.zeros(P, np.float32),
-           "sentence_label": np.int32(label)}
-    out["input_ids"][:length] = replaced
-    out["attention_mask"][:length] = 1
-    out["token_type_ids"][:length] = types
-    k = len(masked_positions)
-    out["masked_positions"][:k] = masked_positions
-    out["masked_ids"][:k] = masked_ids
-    out["masked_weights"][:k] = 1.0
+    out = {"input_ids": inputs, "attention_mask": (positions < lengths[:, None]).astype(np.int32),
+           "token_type_ids": types, "masked_positions": masked_positions, "masked_ids": masked_ids,
+           "masked_weights": valid.astype(np.float32),
+           "sentence_label": np.asarray([r["label"] for r in rows], np.int32),
+           "idx": np.asarray([r.get("idx", -1) for r in rows], np.int32),
+           "weight": np.asarray([r.get("weight", 1.0) for r in rows], np.float32)}
+    if return_spans:
+        out["accepted_ngrams"] = np.asarray(accepted_ngrams)
     return out

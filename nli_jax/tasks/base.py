@@ -4,6 +4,7 @@ subclasses `Task` and calls `register`.
 """
 from __future__ import annotations
 
+import abc
 from typing import Any, Callable
 
 import numpy as np
@@ -27,38 +28,45 @@ def get_task(name: str) -> "Task":
     return TASKS[name]()
 
 
-class Task:
+class Task(abc.ABC):
     name: str = ""
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
     train_split: str = "train"
     validation_split: str = "validation"
     workdir: str | None = None  # set by the loop before load()
 
+    @abc.abstractmethod
     def load(self, config) -> dict[str, Any]:
         """{split: random-access source of examples}, validated (errors name file and line)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def model_class_and_kwargs(self, config) -> tuple[type, dict]:
-        raise NotImplementedError
+        """(model class, constructor arguments beyond the encoder config), e.g. num_labels."""
 
+    @abc.abstractmethod
     def encoder(self, config, tokenizer) -> Callable[[dict], dict]:
         """example -> dict of numpy features (unpadded token fields)."""
-        raise NotImplementedError
+
+    def collate(self, config, tokenizer):
+        """None: the loop pads rows to length buckets (pipeline.pad_batch). A task may return
+        fn(rows, rng) -> batch with fn.needs_rng = True for batch-level random work."""
+        return None
 
     def pad_values(self, tokenizer) -> dict[str, int]:
         return {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": 0}
 
+    @abc.abstractmethod
     def loss(self, model, batch, deterministic: bool):
         """(loss sum, weight sum, dict of metric sums) over the batch."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def predict(self, model, batch) -> dict:
         """Per-example outputs (arrays with the batch as first axis)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def report(self, split: str, examples: list[dict], predictions: dict[str, np.ndarray]) -> dict:
         """Metrics of one split from its examples and predictions (aligned by position)."""
-        raise NotImplementedError
 
     def prediction_records(self, split: str, examples: list[dict], predictions: dict[str, np.ndarray]) -> list[dict]:
-        raise NotImplementedError
+        """One JSON-able record per example for predictions.jsonl (none by default)."""
+        return []

@@ -18,7 +18,7 @@ from nli_jax.data.pipeline import Subset
 from nli_jax.losses import masked_lm_loss, weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM
 from nli_jax.pretraining.examples import ExampleSource, create_examples
-from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_pair
+from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
 from nli_jax.tasks.base import Task, register
 
 
@@ -63,29 +63,30 @@ class Pretraining(Task):
     def model_class_and_kwargs(self, config):
         return ForMaskedLM, {"sentence_head": config.pretrain.sentence_task != "none"}
 
-    def pad_values(self, tokenizer):
-        return {}  # fixed shapes already
-
     def encoder(self, config, tokenizer):
+        def encode(example):  # records are decoded by ExampleSource; masking happens per batch
+            return dict(example, weight=np.float32(1.0))
+        return encode
+
+    def collate(self, config, tokenizer):
         p = config.pretrain
         vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
-        specials = [tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")]
+        cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
         cfg = MaskingConfig(max_seq_length=int(config.data.max_seq_length), max_predictions=int(p.max_predictions),
                             mask_prob=float(p.mask_prob), whole_word=bool(p.whole_word), max_ngram=int(p.max_ngram),
-                            vocab_size=len(vocab), cls_id=specials[0], sep_id=specials[1], mask_id=specials[2],
-                            pad_id=specials[3], random_token_low=int(p.get("random_token_low", 0)))
+                            vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id, pad_id=pad_id,
+                            random_token_low=int(p.get("random_token_low", 0)))
         table = continuation_table(vocab)
-        eval_seed = int(config.train.seed) + 7919
+        # This process's rows of each global batch (random draws are made for the global batch).
+        local = int(config.train.batch_size) // jax.process_count()
+        offset, global_rows = jax.process_index() * local, local * jax.process_count()
 
-        def encode(example, rng=None):
-            if rng is None:  # evaluation: a fixed mask per held-out example
-                rng = np.random.default_rng((eval_seed, int(example["idx"])))
-            out = mask_pair(example["a"], example["b"], example["label"], rng, cfg, table)
-            out["idx"] = np.int32(example["idx"])
-            out["weight"] = np.float32(1.0)
-            return out
-        encode.needs_rng = True
-        return encode
+        def collate(rows, rng):
+            if len(rows) != local:  # evaluation batches
+                return mask_batch(rows, rng, cfg, table)
+            return mask_batch(rows, rng, cfg, table, row_offset=offset, global_rows=global_rows)
+        collate.needs_rng = True
+        return collate
 
     def _outputs(self, model, batch, deterministic):
         return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],

@@ -133,7 +133,8 @@ def _run(config, workdir: str) -> dict:
     buckets = sorted({int(b) for b in (config.data.get("buckets") or ()) if int(b) <= max_len} | {max_len})
     if config.data.get("pad_to_max_length", False) or jax.process_count() > 1:
         buckets = [max_len]  # equal shapes on every process
-    collate = functools.partial(pipeline.pad_batch, buckets=buckets, pad_values=task.pad_values(tokenizer))
+    collate = task.collate(config, tokenizer) or functools.partial(
+        pipeline.pad_batch, buckets=buckets, pad_values=task.pad_values(tokenizer))
 
     # 3. Mesh, shardings, state.
     mesh = mesh_lib.make_mesh(dict(config.mesh.shape))
@@ -286,6 +287,9 @@ def _run(config, workdir: str) -> dict:
 
 
 def _evaluate(task, eval_step, params, source, encode, collate, batch_sharding, local_batch, pc, pi, split):
+    if getattr(collate, "needs_rng", False):  # a fixed generator per evaluation batch
+        random_collate = collate
+        collate = lambda rows: random_collate(rows, np.random.default_rng((7919, int(rows[0]["idx"]), pi)))
     examples = [source[i] for i in range(len(source))]
     by_idx = {e["idx"]: e for e in examples}
     dummy = dict(encode(examples[0]), idx=np.int32(-1))

@@ -1,0 +1,290 @@
+"""Pretraining: corpus preparation, vocabulary round trip, segment pairs, masking statistics on
+real text, optimizer masks, phase-2 initialisation and exact resume."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from nli_jax.pretraining.corpus import normalise_twitter, prepare_corpus, split_sentences
+from nli_jax.pretraining.examples import ExampleSource, _segment_pairs, create_examples
+from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
+from nli_jax.pretraining.vocab import load_fast_tokenizer, train_vocabulary
+
+
+def test_sentence_splitting_keeps_abbreviations():
+    text = "Dr. Budi tinggal di Jl. Sudirman no. 5. Ia bekerja di PT. Maju sejak 2010! Apakah dia senang? Ya."
+    assert split_sentences(text) == ["Dr. Budi tinggal di Jl. Sudirman no. 5.", "Ia bekerja di PT. Maju sejak 2010!",
+                                     "Apakah dia senang?", "Ya."]
+
+
+def test_twitter_normalisation():
+    assert normalise_twitter("@budi_01 cek https://t.co/xyz #MerdekaBelajar kirim ke a.b@mail.co.id ya") == \
+        "<username> cek <links> <hashtag> kirim ke <email> ya"
+
+
+def test_prepare_corpus_splits_dedups_across_files_and_shards(tmp_path):
+    doc = "Budi pergi ke pasar. Ia membeli sayur.\nHari itu cerah."
+    (tmp_path / "a.txt").write_text(f"{doc}\n\nSiti membaca buku di taman.\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text(f"Agus memasak nasi.\n\n{doc}\n\n@wati lihat #foto ini\n", encoding="utf-8")
+    stats = prepare_corpus([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], str(tmp_path / "out"), shards=3,
+                           workers=2, twitter=True, progress=False)
+    assert stats["documents_in"] == 5 and stats["duplicates_dropped"] == 1 and stats["documents_kept"] == 4
+    assert len(stats["shards"]) == 3
+    documents = [d for s in stats["shards"] for d in open(s, encoding="utf-8").read().split("\n\n") if d.strip()]
+    assert sorted(documents) == sorted(["Budi pergi ke pasar.\nIa membeli sayur.\nHari itu cerah.",
+                                        "Siti membaca buku di taman.", "Agus memasak nasi.",
+                                        "<username> lihat <hashtag> ini"])
+
+
+@pytest.fixture(scope="module")
+def real_text(shared_data, tmp_path_factory):
+    """A vocabulary and phase-1 examples from real Indonesian text (a few corpus files)."""
+    root = tmp_path_factory.mktemp("real_text")
+    files = [str(shared_data / "id_corpus_sample" / f) for f in ("ntrex128.txt", "talpco.txt", "ud_indonesian.txt",
+                                                                 "frog_storytelling.txt")]
+    vocab = train_vocabulary(files, str(root / "vocab"), vocab_size=4000)
+    return files, vocab, root
+
+
+@pytest.mark.parametrize("algorithm", ["wordpiece", "sentencepiece-bpe"])
+def test_vocabulary_round_trip_through_transformers(real_text, tmp_path, algorithm):
+    import nli_jax
+    files, _, _ = real_text
+    vocab = train_vocabulary(files, str(tmp_path / algorithm), vocab_size=4000, algorithm=algorithm)
+    with open(os.path.join(vocab, "vocab.txt"), encoding="utf-8") as f:
+        entries = f.read().splitlines()
+    assert entries[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(entries) >= 3900
+    hf = nli_jax.load_tokenizer(vocab)  # transformers, as users load IndoBERT checkpoints
+    ours = load_fast_tokenizer(vocab)  # what create_examples uses
+    assert len(hf.get_vocab()) == len(entries)
+    sample = [line.strip() for f in files for line in open(f, encoding="utf-8") if line.strip()][::37][:400]
+    sample.append("@budi bilang <username> dan <links> itu 100% benar!!")
+    for text in sample:
+        assert hf(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids, text
+    unknown = sum(ours.encode(t, add_special_tokens=False).ids.count(1) for t in sample)
+    assert unknown < 0.01 * sum(len(ours.encode(t, add_special_tokens=False).ids) for t in sample)
+
+
+def _synthetic_documents(n_docs=60, seed=0):
+    """Token ids that say where they come from: doc * 10000 + sentence * 100 + position."""
+    rng = random.Random(seed)
+    return [[[d * 10000 + s * 100 + k for k in range(rng.randint(3, 25))] for s in range(rng.randint(1, 12))]
+            for d in range(n_docs)]
+
+
+def _origin(token):
+    return token // 10000, token % 10000 // 100
+
+
+@pytest.mark.parametrize("task", ["nsp", "sop"])
+def test_segment_pairs(task):
+    docs = _synthetic_documents()
+    rng = random.Random(1)
+    pairs = [(d, p) for d, doc in enumerate(docs) for p in _segment_pairs(
+        doc, docs, d, max_seq_length=64, short_seq_prob=0.1, sentence_task=task, rng=rng)]
+    labels = [p[0] for _, p in pairs]
+    assert 0.35 < np.mean(labels) < 0.65
+    for d, (label, a, b) in pairs:
+        assert a and b and len(a) + len(b) <= 61
+        a_docs = {_origin(t)[0] for t in a}
+        b_docs = {_origin(t)[0] for t in b}
+        if task == "nsp":
+            assert a_docs == {d}
+            if label == 1:
+                assert d not in b_docs  # random next: another document
+            else:
+                assert b_docs == {d} and _origin(b[0])[1] >= _origin(a[-1])[1]
+        else:
+            assert a_docs == b_docs == {d}  # SOP never leaves the document
+            first_a, first_b = min(a), min(b)
+            assert (first_b > first_a) == (label == 0)  # label 1: the two segments were swapped
+
+
+def test_short_sequences_follow_short_seq_prob():
+    docs = _synthetic_documents(400, seed=3)
+    rng = random.Random(2)
+    lengths = [len(a) + len(b) for d, doc in enumerate(docs)
+               for _, a, b in _segment_pairs(doc, docs, d, max_seq_length=128, short_seq_prob=0.1, sentence_task="nsp",
+                                             rng=rng)]
+    assert max(lengths) <= 125 and np.mean(np.asarray(lengths) < 60) > 0.05
+
+
+@pytest.fixture(scope="module")
+def masked_real_batches(real_text):
+    files, vocab_dir, root = real_text
+    create_examples(files, vocab_dir, str(root / "examples"), max_seq_length=128, sentence_task="nsp", workers=2,
+                    progress=False)
+    source = ExampleSource(str(root / "examples"), "train")
+    with open(os.path.join(vocab_dir, "vocab.txt"), encoding="utf-8") as f:
+        vocab = f.read().splitlines()
+    table = continuation_table(vocab)
+    rows = source.get_many(list(range(min(len(source), 4096))))
+    return rows, vocab, table
+
+
+def _cfg(vocab, **kw):
+    return MaskingConfig(max_seq_length=128, max_predictions=20, vocab_size=len(vocab), cls_id=vocab.index("[CLS]"),
+                         sep_id=vocab.index("[SEP]"), mask_id=vocab.index("[MASK]"), pad_id=0, **kw)
+
+
+def test_masking_rates_on_real_text(masked_real_batches):
+    rows, vocab, table = masked_real_batches
+    cfg = _cfg(vocab)
+    rng = np.random.default_rng(0)
+    masked = same = to_mask = budget_hits = n_rows = 0
+    for start in range(0, len(rows), 256):
+        batch = rows[start:start + 256]
+        out = mask_batch(batch, rng, cfg, table)
+        lengths = out["attention_mask"].sum(1)
+        expected = np.minimum(20, np.maximum(1, np.round(lengths * 0.15)))
+        count = out["masked_weights"].sum(1)
+        budget_hits += int((count == expected).sum())
+        n_rows += len(batch)
+        ids = np.take_along_axis(out["input_ids"], out["masked_positions"], axis=1)
+        valid = out["masked_weights"] > 0
+        masked += int(valid.sum())
+        to_mask += int(((ids == cfg.mask_id) & valid).sum())
+        same += int(((ids == out["masked_ids"]) & valid).sum())
+        special = np.isin(out["masked_ids"][valid], [cfg.cls_id, cfg.sep_id, cfg.pad_id])
+        assert not special.any(), "never masks [CLS], [SEP] or padding"
+        assert (np.diff(out["masked_positions"], axis=1)[valid[:, 1:]] > 0).all(), "positions sorted"
+    print(f"{masked} predictions: [MASK] {to_mask / masked:.3f}, unchanged {same / masked:.3f}; "
+          f"budget filled in {budget_hits / n_rows:.3f} of rows")
+    assert budget_hits == n_rows  # token masking always fills min(20, 15%)
+    assert abs(to_mask / masked - 0.8) < 0.01
+    assert abs(same / masked - 0.1) < 0.01  # 10% kept, plus random draws that hit the same id (rare)
+
+
+def test_whole_word_masking_never_splits_a_word(masked_real_batches):
+    rows, vocab, table = masked_real_batches
+    cfg = _cfg(vocab, whole_word=True)
+    out = mask_batch(rows[:1024], np.random.default_rng(1), cfg, table)
+    masked = np.zeros(out["input_ids"].shape, bool)
+    np.put_along_axis(masked, out["masked_positions"], out["masked_weights"] > 0, axis=1)
+    original = out["input_ids"].copy()
+    np.put_along_axis(original, out["masked_positions"], np.where(out["masked_weights"] > 0, out["masked_ids"],
+                      np.take_along_axis(original, out["masked_positions"], axis=1)), axis=1)
+    pieces = table[original] & (out["attention_mask"] > 0)
+    # A "##" piece is masked exactly when the token before it (same word) is masked.
+    previous = np.concatenate([np.zeros((len(masked), 1), bool), masked[:, :-1]], axis=1)
+    assert pieces.sum() > 1000
+    assert (masked[pieces] == previous[pieces]).all()
+    assert abs(out["masked_weights"].sum() / out["attention_mask"].sum() - 0.15) < 0.02
+
+
+def test_ngram_masking_follows_one_over_n(masked_real_batches):
+    rows, vocab, table = masked_real_batches
+    cfg = _cfg(vocab, whole_word=True, max_ngram=3)
+    out = mask_batch(rows, np.random.default_rng(2), cfg, table, return_spans=True)
+    counts = np.bincount(out["accepted_ngrams"], minlength=4)[1:]
+    observed = counts / counts.sum()
+    expected = np.array([6, 3, 2]) / 11
+    print(f"n-gram spans n=1,2,3: observed {np.round(observed, 3)} expected {np.round(expected, 3)}")
+    # Longer spans are skipped a little more often near the budget; within 0.04 of 1/n.
+    assert np.abs(observed - expected).max() < 0.04
+
+
+def test_masks_do_not_depend_on_the_number_of_processes(masked_real_batches):
+    rows, vocab, table = masked_real_batches
+    cfg = _cfg(vocab, whole_word=True, max_ngram=3)
+    whole = mask_batch(rows[:64], np.random.default_rng(5), cfg, table)
+    halves = [mask_batch(rows[32 * p:32 * (p + 1)], np.random.default_rng(5), cfg, table, row_offset=32 * p,
+                         global_rows=64) for p in range(2)]
+    for key in ("input_ids", "masked_positions", "masked_ids"):
+        np.testing.assert_array_equal(whole[key], np.concatenate([h[key] for h in halves]))
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_weight_decay_spares_layernorm_and_biases(name):
+    import jax.numpy as jnp
+    import ml_collections
+    from nli_jax.train.optimizers import make_optimizer
+    params = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones(4)}, "norm": {"scale": jnp.ones(4)}}
+    grads = {"dense": {"kernel": jnp.zeros((4, 4)), "bias": jnp.zeros(4)}, "norm": {"scale": jnp.zeros(4)}}
+    tx, _ = make_optimizer(ml_collections.ConfigDict({"name": name, "lr": 0.1, "weight_decay": 0.01}), 10, 10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0  # decayed
+    assert float(jnp.abs(updates["dense"]["bias"]).max()) == 0 and float(jnp.abs(updates["norm"]["scale"]).max()) == 0
+
+
+def _pretrain(workdir, *overrides, config="configs/pretrain/indobert_base.py:cpu_test", check=True, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "pretrain.main", f"--config={config}", f"--workdir={workdir}",
+                           *overrides], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def phase1(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("phase1")
+    _pretrain(workdir, "--config.train.max_steps=120")
+    return workdir
+
+
+def test_cpu_test_pretraining_learns_and_exports(phase1):
+    import transformers
+    results = json.loads((phase1 / "results.json").read_text())
+    curve = [json.loads(line) for line in (phase1 / "metrics.jsonl").read_text().splitlines()]
+    assert curve[-1]["train/mlm_accuracy"] > curve[0]["train/mlm_accuracy"]
+    assert "sentence_accuracy" in results["splits"]["heldout"]
+    model, info = transformers.BertForPreTraining.from_pretrained(str(phase1 / "export"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert (phase1 / "export" / "vocab.txt").is_file()
+
+
+def test_phase2_starts_from_phase1_weights_with_a_fresh_step(phase1, tmp_path):
+    import orbax.checkpoint as ocp
+    import jax
+    from flax import nnx
+    from configs.pretrain import indobert_base
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.tasks import get_task
+    from nli_jax.train.loop import build_model
+    config = indobert_base.get_config("phase=2,cpu_test")
+    config.model.init = str(phase1 / "export")
+    model = build_model(config, get_task("pretraining"), load_tokenizer(config.model.tokenizer))
+    final = ocp.StandardCheckpointer().restore(str(phase1 / "checkpoints" / "120" / "state"))["params"]
+    ours = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(final)):
+        np.testing.assert_array_equal(a, b)
+    _pretrain(tmp_path, "--config.train.max_steps=20", f"--config.model.init={phase1 / 'export'}",
+              config="configs/pretrain/indobert_base.py:phase=2,cpu_test")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] <= 20 and steps[-1] == 20  # step counter reset, optimizer state new
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["max_seq_length"] == 128
+
+
+def test_sigkill_during_pretraining_then_rerun_is_exact(tmp_path):
+    common = ("--config.train.max_steps=160", "--config.train.checkpoint_every_steps=40",
+              "--config.train.async_checkpointing=True")
+    _pretrain(tmp_path / "reference", *common)
+    work = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test",
+                             f"--workdir={work}", *common], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        root = work / "checkpoints"
+        if root.is_dir() and any(p.isdigit() and int(p) >= 80 for p in os.listdir(root)):
+            break
+        assert proc.poll() is None, "run ended before it could be killed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (work / "results.json").exists()
+    _pretrain(work, *common)
+    import orbax.checkpoint as ocp
+    import jax
+    a = ocp.StandardCheckpointer().restore(str(work / "checkpoints" / "160" / "state"))["params"]
+    b = ocp.StandardCheckpointer().restore(str(tmp_path / "reference" / "checkpoints" / "160" / "state"))["params"]
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
