@@ -102,7 +102,7 @@ def test_word_alignment_first_and_average(minilm_dir):
 def test_word_logits_average_subtokens():
     """Word logits = mean of the word's sub-token logits (what averaging vectors gives)."""
     import jax.numpy as jnp
-    from nli_jax.tasks.common import TaggingTask
+    from nli_jax.tasks import get_task
 
     class Fixed:
         def __call__(self, ids, mask, types, deterministic):
@@ -112,7 +112,7 @@ def test_word_logits_average_subtokens():
              "token_type_ids": jnp.zeros((2, 5), jnp.int32), "word_index": jnp.array([[-1, 0, 0, 1, -1], [-1, 0, 1, 1, 1]]),
              "word_labels": jnp.zeros((2, 2), jnp.int32)}
     logits = np.asarray(Fixed()(None, None, None, True))
-    out = np.asarray(TaggingTask().word_logits(Fixed(), batch, True))
+    out = np.asarray(get_task("nerp").word_logits(Fixed(), batch, True))
     np.testing.assert_allclose(out[0, 0], logits[0, 1:3].mean(0))
     np.testing.assert_allclose(out[1, 1], logits[1, 2:5].mean(0))
 

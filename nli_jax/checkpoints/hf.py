@@ -374,8 +374,11 @@ def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None) -> N
         json.dump(config, f, indent=2, sort_keys=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
-        if hasattr(tokenizer, "save_vocabulary") and not os.path.isfile(os.path.join(path, "vocab.txt")):
-            tokenizer.save_vocabulary(path)  # IndoBERT checkpoints ship a WordPiece vocab.txt
+        vocab = tokenizer.get_vocab()
+        if "Bert" in type(tokenizer).__name__ and not os.path.isfile(os.path.join(path, "vocab.txt")):
+            # IndoBERT checkpoints ship a WordPiece vocab.txt; transformers v5 writes tokenizer.json only.
+            with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
 
 
 def load_tokenizer(path: str):

@@ -9,6 +9,7 @@ batches are padded with weight-0 rows so every process runs the same number of s
 from __future__ import annotations
 
 import bisect
+import threading
 from typing import Callable, Iterator, Sequence
 
 import grain
@@ -45,41 +46,44 @@ def process_shard(n: int, process_index: int, process_count: int, *, drop_remain
     return range(process_index, n, process_count)
 
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+class EpochPermutations:
+    """Element of the shuffled, repeated stream at a position: epoch e = position // n visits
+    [0, n) in the order numpy.random.default_rng((seed, e)).permutation(n). Each epoch's
+    permutation is built once (int32, 4 bytes per example) and the last two are cached.
+    (A cheap O(1)-memory Feistel permutation was tried first: its orders correlate across
+    epochs and measurably slowed learning, so nli-jax pays the memory.)"""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self._cache: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"n": self.n, "seed": self.seed}
+
+    def __setstate__(self, state):
+        self.__init__(state["n"], state["seed"])
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            if epoch not in self._cache:
+                if len(self._cache) >= 2:
+                    self._cache.pop(min(self._cache))
+                self._cache[epoch] = np.random.default_rng((self.seed, epoch)).permutation(self.n).astype(np.int32)
+            return self._cache[epoch]
+
+    def __call__(self, positions) -> np.ndarray:
+        positions = np.asarray(positions, np.int64)
+        epochs, offsets = positions // self.n, positions % self.n
+        out = np.empty(len(positions), np.int64)
+        for e in np.unique(epochs):
+            where = epochs == e
+            out[where] = self._epoch(int(e))[offsets[where]]
+        return out
 
 
-def _mix(z):
-    """splitmix64's finaliser: a bijective 64-bit hash (vectorised)."""
-    z = z.astype(np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def shuffled_index(positions, n: int, seed: int):
-    """Element of the shuffled, repeated stream at `positions`: epoch e = position // n visits
-    [0, n) in its own pseudo-random order (a keyed 4-round Feistel network on the next even
-    power of two, cycle-walking into [0, n)). O(1) memory, so a 250M-example corpus is fine."""
-    positions = np.asarray(positions, np.int64)
-    epoch, x = positions // n, (positions % n).astype(np.uint64)
-    half = max(1, ((max(n - 1, 1)).bit_length() + 1) // 2)
-    mask = np.uint64((1 << half) - 1)
-    with np.errstate(over="ignore"):
-        keys = [_mix(_mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + epoch.astype(np.uint64)) + np.uint64(r))
-                for r in range(4)]
-
-        def feistel(v, k):
-            left, right = v >> np.uint64(half), v & mask
-            for key in k:
-                left, right = right, left ^ (_mix(right ^ key) & mask)
-            return (left << np.uint64(half)) | right
-
-        out = feistel(x, keys)
-        bad = out >= np.uint64(n)
-        while bad.any():  # cycle walking: at most a few rounds, the domain is < 4n
-            out[bad] = feistel(out[bad], [k[bad] for k in keys])
-            bad = out >= np.uint64(n)
-    return out.astype(np.int64)
+def shuffled_index(positions, n: int, seed: int) -> np.ndarray:
+    return EpochPermutations(n, seed)(positions)
 
 
 class _ProcessBatch:
@@ -87,12 +91,13 @@ class _ProcessBatch:
     with one batched call when the source has one, then encoded."""
 
     def __init__(self, source, encode, global_batch: int, local_batch: int, process_index: int, seed: int):
-        self.source, self.encode, self.seed = source, encode, seed
-        self.g, self.l, self.p, self.n = global_batch, local_batch, process_index, len(source)
+        self.source, self.encode = source, encode
+        self.g, self.l, self.p = global_batch, local_batch, process_index
+        self.order = EpochPermutations(len(source), seed)
 
     def __call__(self, b):
         positions = b * self.g + self.p * self.l + np.arange(self.l)
-        indices = shuffled_index(positions, self.n, self.seed).tolist()
+        indices = self.order(positions).tolist()
         get_many = getattr(self.source, "get_many", None)
         rows = get_many(indices) if get_many else [self.source[i] for i in indices]
         return [self.encode(r) for r in rows]

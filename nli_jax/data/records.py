@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import urllib.request
 
 import numpy as np
@@ -43,8 +44,13 @@ def download_files(files: dict[str, str], destination: str, required=()) -> str:
     return destination
 
 
+# Part of every dataset directory's key: bump when the stored record format changes, so data
+# written by an older nli-jax is never read with the new format.
+RECORD_FORMAT = "json-records-v1"
+
+
 def fingerprint(paths) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(RECORD_FORMAT.encode())
     for path in sorted(paths):
         h.update(os.path.basename(path).encode())
         with open(path, "rb") as f:
@@ -104,13 +110,26 @@ class RecordSource:
 
     def __init__(self, source):
         self._source = source
+        # grain's prefetch threads read concurrently; the tfds source is not thread-safe.
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"_source": self._source}
+
+    def __setstate__(self, state):
+        self.__init__(state["_source"])
 
     def __len__(self):
         return len(self._source)
 
     def __getitem__(self, index):
-        record = self._source[index]["record"]
-        return json.loads(record.decode("utf-8") if isinstance(record, bytes) else record)
+        return self.get_many([index])[0]
+
+    def get_many(self, indices):
+        with self._lock:
+            records = self._source.__getitems__([int(i) for i in indices])
+        return [json.loads(r["record"].decode("utf-8") if isinstance(r["record"], bytes) else r["record"])
+                for r in records]
 
 
 class InMemorySource(list):

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import random
+import threading
 from multiprocessing import get_context
 
 import numpy as np
@@ -201,6 +202,7 @@ class ExampleSource:
             raise FileNotFoundError(f"no {split}-*.array_record shards in {directory}")
         self._dtype = np.dtype(self.meta["dtype"])
         self._readers = None
+        self._lock = threading.Lock()  # grain's prefetch threads read concurrently
         sizes = [reader.num_records() for reader in self._open()]
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
@@ -211,7 +213,10 @@ class ExampleSource:
         return self._readers
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_readers"} | {"_readers": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _readers=None, _lock=threading.Lock())
 
     def __len__(self):
         return int(self._starts[-1])
@@ -221,16 +226,17 @@ class ExampleSource:
 
     def get_many(self, indices):
         """One batched read per shard for a list of indices."""
-        readers = self._open()
         indices = np.asarray(indices, np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"index out of range for {len(self)} examples")
         shard = np.searchsorted(self._starts, indices, side="right") - 1
         records = [None] * len(indices)
-        for k in np.unique(shard):
-            where = np.flatnonzero(shard == k)
-            for j, record in zip(where, readers[k].read((indices[where] - self._starts[k]).tolist())):
-                records[j] = record
+        with self._lock:
+            readers = self._open()
+            for k in np.unique(shard):
+                where = np.flatnonzero(shard == k)
+                for j, record in zip(where, readers[k].read((indices[where] - self._starts[k]).tolist())):
+                    records[j] = record
         out = []
         for index, record in zip(indices.tolist(), records):
             label, a, b = decode_record(record, self._dtype)

@@ -126,8 +126,8 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
             take = ok & (u + j < end_unit)
             chosen_units[rows_index[take], (u + j)[take]] = True
         taken += size * ok
-        if return_spans:
-            accepted_ngrams.extend((end_unit - u)[ok].tolist())
+        if return_spans:  # per try t and row: the accepted span's length in units, 0 if none
+            accepted_ngrams.append(np.where(ok, end_unit - u, 0))
     unit_of = np.maximum(np.cumsum(starts, axis=1) - 1, 0)
     chosen = cand & np.take_along_axis(chosen_units, unit_of, axis=1)
 
@@ -150,5 +150,5 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
            "idx": np.asarray([r.get("idx", -1) for r in rows], np.int32),
            "weight": np.asarray([r.get("weight", 1.0) for r in rows], np.float32)}
     if return_spans:
-        out["accepted_ngrams"] = np.asarray(accepted_ngrams)
+        out["accepted_ngrams"] = np.stack(accepted_ngrams) if accepted_ngrams else np.zeros((0, B), np.int64)
     return out
