@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)

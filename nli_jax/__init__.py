@@ -4,6 +4,9 @@ from nli_jax.models import (ConfigError, EncoderConfig, EncoderModel, ForMaskedL
                             ForSequenceClassification, ForTokenClassification, count_parameters, preset)
 
 __version__ = "0.1.0"
+__all__ = ["CheckpointError", "ConfigError", "EncoderConfig", "EncoderModel", "ForMaskedLM", "ForMultiAspectClassification",
+           "ForSequenceClassification", "ForTokenClassification", "count_parameters", "from_pretrained", "load_tokenizer",
+           "preset", "save_pretrained"]
 
 
 def from_pretrained(path: str, *, task: str = "encoder", **kwargs):

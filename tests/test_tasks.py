@@ -1,7 +1,6 @@
 """IndoNLU, OCNLI, InferES and translate-train: loader counts against the papers, bad rows,
 word alignment, and every task training a tiny model through the benchmark runner."""
 import json
-import os
 
 import numpy as np
 import pytest

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-from typing import Iterator
 
 import jax
 import numpy as np

@@ -10,7 +10,7 @@ __all__ = ["ConfigError", "EncoderConfig", "Encoder", "EncoderModel", "ForMasked
            "PRESETS", "preset", "count_parameters", "make_rngs"]
 
 
-def make_rngs(seed: int) -> "nnx.Rngs":
+def make_rngs(seed: int):
     """Rngs for building and training a model: threefry for parameter init, and an "rbg" key
     (XLA's RngBitGenerator) for dropout, whose threefry bits cost ~20% of a BERT-base training
     step on CPU. rbg streams are deterministic for a given backend, so resumes stay exact."""

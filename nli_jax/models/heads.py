@@ -1,7 +1,6 @@
 """Heads on top of an `Encoder`: MLM (tied), NSP/SOP, sequence, token and multi-aspect classification."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

@@ -8,21 +8,18 @@ parameters are evaluated on every split and written to results.json / prediction
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import signal
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
 from nli_jax.checkpoints import load_tokenizer
 from nli_jax.data import pipeline
-from nli_jax.models import EncoderConfig, make_rngs, preset
+from nli_jax.models import make_rngs, preset
 from nli_jax.tasks import get_task
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.checkpointing import Checkpointer, abstract_like, check_workdir_config
