@@ -18,9 +18,9 @@ import numpy as np
 
 
 def pad_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[str, int] | None = None) -> dict:
-    """Stacks encoded rows; variable-length int fields (1-D, name ending in `ids`/`mask`/
-    `labels`/`positions`) are padded to the smallest bucket >= the longest row, so a run compiles
-    one step per bucket instead of one per length."""
+    """Stacks encoded rows. The fields named in `pad_values` have variable length and are padded
+    with their value to the smallest bucket >= the longest row, so a run compiles one step per
+    bucket instead of one per length; the others are stacked as they are."""
     pad_values = pad_values or {}
     out = {}
     for key in rows[0]:

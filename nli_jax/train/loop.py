@@ -211,8 +211,12 @@ def _run(config, workdir: str) -> dict:
              "batch %d (accumulation %d)", task.name, type(model).__name__, model.config.model_type, n_params / 1e6,
              dict(mesh.shape), len(train_source), steps_per_epoch, total_steps, global_batch, accumulation)
 
+    eval_data: dict[str, _EvalSplit] = {}
+
     def evaluate(params, split):
-        return _evaluate(task, eval_step, params, splits[split], encode, collate, batch_sharding,
+        if split not in eval_data:
+            eval_data[split] = _EvalSplit(splits[split], encode)
+        return _evaluate(task, eval_step, params, eval_data[split], collate, batch_sharding,
                          int(config.train.get("eval_batch_size", 64)), pc, pi, split)
 
     pending = []
@@ -283,16 +287,31 @@ def _run(config, workdir: str) -> dict:
     return results
 
 
-def _evaluate(task, eval_step, params, source, encode, collate, batch_sharding, local_batch, pc, pi, split):
+class _EvalSplit:
+    """A split read once and each example encoded once (lazily: a process encodes only the
+    rows it evaluates), reused by every evaluation of the run."""
+
+    def __init__(self, source, encode):
+        self.examples = [source[i] for i in range(len(source))]
+        self.by_idx = {e["idx"]: e for e in self.examples}
+        self._encode, self._encoded = encode, {}
+
+    def encode(self, example):
+        key = example["idx"]
+        if key not in self._encoded:
+            self._encoded[key] = self._encode(example)
+        return self._encoded[key]
+
+
+def _evaluate(task, eval_step, params, data: _EvalSplit, collate, batch_sharding, local_batch, pc, pi, split):
     if getattr(collate, "needs_rng", False):  # a fixed generator per evaluation batch
         random_collate = collate
         collate = lambda rows: random_collate(rows, np.random.default_rng((7919, int(rows[0]["idx"]), pi)))
-    examples = [source[i] for i in range(len(source))]
-    by_idx = {e["idx"]: e for e in examples}
-    dummy = dict(encode(examples[0]), idx=np.int32(-1))
+    examples, by_idx = data.examples, data.by_idx
+    dummy = dict(data.encode(examples[0]), idx=np.int32(-1))
     sums, outputs = None, []
-    for local in pipeline.eval_batches(source, encode, local_batch_size=local_batch, collate=collate, dummy=dummy,
-                                       process_index=pi, process_count=pc):
+    for local in pipeline.eval_batches(examples, data.encode, local_batch_size=local_batch, collate=collate,
+                                       dummy=dummy, process_index=pi, process_count=pc):
         metrics, predictions = eval_step(params, pipeline.to_global(local, batch_sharding))
         # Replicated outputs: every process sees every row; idx maps rows back to examples.
         outputs.append(dict(jax.device_get(predictions)))
