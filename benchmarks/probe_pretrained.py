@@ -1,0 +1,104 @@
+"""What a (briefly) pretrained encoder has learned, against the same shape from random init.
+
+    python benchmarks/probe_pretrained.py --export=<pretrain workdir>/export --corpus=<prepared corpus file>
+
+1. Context check: 15% of the tokens of 256 corpus sentences replaced by [MASK] (no 10/10 keep/random
+   tokens, so copying the input cannot help): accuracy at those positions, how many distinct tokens
+   the model predicts, and the most-frequent-token baseline. A model that predicts one token
+   everywhere does not use context yet.
+2. Linear probe on EmoT (IndoNLU): logistic regression on frozen features (mean-pooled last layer,
+   and the pooler output) of the training set, macro-F1 on validation, pretrained vs random init.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def context_check(model, tokenizer, lines, seed=0):
+    import jax.numpy as jnp
+    enc = tokenizer(lines, padding="max_length", truncation=True, max_length=64, return_tensors="np")
+    ids, attention = enc["input_ids"], enc["attention_mask"]
+    candidates = (attention == 1) & (ids != tokenizer.cls_token_id) & (ids != tokenizer.sep_token_id)
+    chosen = candidates & (np.random.default_rng(seed).random(ids.shape) < 0.15)
+    masked = np.where(chosen, tokenizer.mask_token_id, ids)
+    P = 10
+    positions, weights, labels = (np.zeros((len(ids), P), t) for t in (np.int32, np.float32, np.int32))
+    for i in range(len(ids)):
+        p = np.nonzero(chosen[i])[0][:P]
+        positions[i, :len(p)], weights[i, :len(p)], labels[i, :len(p)] = p, 1, ids[i, p]
+    out = model(jnp.asarray(masked), jnp.asarray(attention), jnp.zeros_like(jnp.asarray(ids)),
+                masked_positions=jnp.asarray(positions), deterministic=True)
+    predicted = np.asarray(out["mlm_logits"]).argmax(-1)
+    n = weights.sum()
+    top_token = collections.Counter(ids[candidates].tolist()).most_common(1)[0][0]
+    counts = collections.Counter(predicted[weights > 0].tolist())
+    return {"accuracy": float(((predicted == labels) * weights).sum() / n),
+            "most_frequent_token_baseline": float(((labels == top_token) * weights).sum() / n),
+            "distinct_predictions": len(counts), "predictions": int(n),
+            "top_prediction": tokenizer.convert_ids_to_tokens(counts.most_common(1)[0][0]),
+            "top_prediction_share": counts.most_common(1)[0][1] / n}
+
+
+def features(encoder, tokenizer, texts):
+    import jax.numpy as jnp
+    pooled, mean = [], []
+    for i in range(0, len(texts), 128):
+        enc = tokenizer(texts[i:i + 128], padding="max_length", truncation=True, max_length=128, return_tensors="np")
+        out = encoder(jnp.asarray(enc["input_ids"]), jnp.asarray(enc["attention_mask"]),
+                      jnp.zeros_like(jnp.asarray(enc["input_ids"])), deterministic=True)
+        h, m = np.asarray(out["hidden_states"]), enc["attention_mask"][..., None]
+        pooled.append(np.asarray(out["pooled"]))
+        mean.append((h * m).sum(1) / m.sum(1))
+    return {"mean": np.concatenate(mean), "pooled": np.concatenate(pooled)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", required=True, help="a pretraining run's <workdir>/export")
+    parser.add_argument("--corpus", required=True, help="a prepared corpus file (sentences for the context check)")
+    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    args = parser.parse_args()
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score
+
+    from nli_jax.checkpoints.hf import load_tokenizer
+    from nli_jax.models import EncoderModel, ForMaskedLM, make_rngs
+
+    tokenizer = load_tokenizer(args.export)
+    with open(args.corpus, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if len(line.split()) > 8]
+    lines = lines[len(lines) // 2:len(lines) // 2 + 256]
+    pretrained = ForMaskedLM.from_pretrained(args.export)
+    print("context check (pretrained):", context_check(pretrained, tokenizer, lines))
+
+    emot = os.path.join(args.data, "indonlu", "emot_emotion-twitter")
+    if not os.path.isdir(emot):
+        sys.exit(f"no EmoT at {emot}: linear probe skipped")
+
+    def read(split):
+        with open(os.path.join(emot, f"{split}_preprocess.csv"), encoding="utf-8") as f:
+            rows = list(csv.reader(f))[1:]
+        return [r[1] for r in rows], [r[0] for r in rows]
+    (train_x, train_y), (val_x, val_y) = read("train"), read("valid")
+    encoder = EncoderModel.from_pretrained(args.export)
+    encoders = {"pretrained": encoder, "random init": EncoderModel(encoder.config, rngs=make_rngs(0))}
+    for name, encoder in encoders.items():
+        a, b = features(encoder, tokenizer, train_x), features(encoder, tokenizer, val_x)
+        for kind in ("mean", "pooled"):
+            mu, sd = a[kind].mean(0), a[kind].std(0) + 1e-6
+            clf = LogisticRegression(max_iter=2000).fit((a[kind] - mu) / sd, train_y)
+            f1 = f1_score(val_y, clf.predict((b[kind] - mu) / sd), average="macro")
+            print(f"EmoT linear probe, {kind} features, {name}: validation macro-F1 {100 * f1:.2f}")
+
+
+if __name__ == "__main__":
+    main()
