@@ -132,10 +132,11 @@ def main():
              f"batch {args.batch}, {pre['steps']} steps in {timings['pretrain_s'] / 60:.1f} min.", "",
              "| step | train MLM acc | train NSP acc | held-out MLM acc | tokens/s |", "|---|---|---|---|---|"]
     heldout = {h["step"]: h["heldout"]["mlm_accuracy"] for h in pre["history"]}
-    for row in curve:
-        if row["step"] in heldout or row["step"] == curve[-1]["step"]:
-            lines.append(f"| {row['step']} | {row.get('train/mlm_accuracy', 0):.3f} | {row.get('train/sentence_accuracy', 0):.3f} "
-                         f"| {heldout.get(row['step'], float('nan')):.3f} | {row['train/tokens_per_s']:.0f} |")
+    # One row per evaluation, with the last training log at or before it (evaluations need not fall on log steps).
+    for step in sorted(heldout):
+        row = max((r for r in curve if r["step"] <= step), key=lambda r: r["step"], default=curve[0])
+        lines.append(f"| {step} | {row.get('train/mlm_accuracy', 0):.3f} | {row.get('train/sentence_accuracy', 0):.3f} "
+                     f"| {heldout[step]:.3f} | {row['train/tokens_per_s']:.0f} |")
     lines += ["", f"Fine-tuning, same recipe for both (Adam 1e-4, x0.9 per epoch, batch 32, seq 128, dropout {args.finetune_dropout:g}; "
               "validation macro-F1 / accuracy of the best epoch):", "", "| task | epochs | pretrained F1 | random init F1 | "
               "pretrained acc | random init acc |", "|---|---|---|---|---|---|"]
