@@ -38,7 +38,11 @@ def main():
     # Dropout slows an under-fitted model (IndoBERT-lite pretrains without it); fine-tuning uses 0.1 for both arms.
     parser.add_argument("--pretrain_dropout", type=float, default=0.0)
     parser.add_argument("--finetune_dropout", type=float, default=0.1)
-    parser.add_argument("--finetune_epochs", default="smsa=3,emot=5")
+    parser.add_argument("--finetune_epochs", default="smsa=3,emot=5", help="empty: pretraining only")
+    parser.add_argument("--hidden_size", type=int, default=0,
+                        help="override the preset's width (intermediate 4x, 64-wide heads)")
+    parser.add_argument("--sentence_task", default="nsp", choices=("nsp", "none"))
+    parser.add_argument("--steps", type=int, default=0, help="pretraining steps (default: from --pretrain_minutes)")
     args = parser.parse_args()
     from absl import flags
     flags.FLAGS.mark_as_parsed()
@@ -65,13 +69,19 @@ def main():
     vocab_dir = train_vocabulary(corpus["shards"], os.path.join(args.workdir, "vocab"), vocab_size=args.vocab_size)
     timings["vocab_s"] = time.time() - t
 
-    steps = max(100, int(args.pretrain_minutes * 60 / args.seconds_per_step))
+    steps = args.steps or max(100, int(args.pretrain_minutes * 60 / args.seconds_per_step))
+    width = {}
+    if args.hidden_size:
+        width = dict(hidden_size=args.hidden_size, intermediate_size=4 * args.hidden_size,
+                     num_attention_heads=max(1, args.hidden_size // 64))
     c = indobert_base.get_config("phase=1")
     c.model.preset = args.preset
     c.model.dtype = "float32"
     c.model.tokenizer = vocab_dir
     c.model.overrides.hidden_dropout_prob = args.pretrain_dropout
     c.model.overrides.attention_probs_dropout_prob = args.pretrain_dropout
+    c.model.overrides.update(width)
+    c.pretrain.sentence_task = args.sentence_task
     c.pretrain.corpus = tuple(corpus["shards"])
     c.pretrain.heldout_examples = 1000
     c.train.batch_size = args.batch
@@ -92,7 +102,7 @@ def main():
     with open(os.path.join(pretrain_dir, "examples", "examples.json")) as f:
         meta = json.load(f)
 
-    epochs = dict(kv.split("=") for kv in args.finetune_epochs.split(","))
+    epochs = dict(kv.split("=") for kv in args.finetune_epochs.split(",") if kv)
     scores = {}
     for task, n_epochs in epochs.items():
         for init in ("pretrained", "random"):
@@ -105,6 +115,7 @@ def main():
             f.model.preset = args.preset
             f.model.overrides.hidden_dropout_prob = args.finetune_dropout
             f.model.overrides.attention_probs_dropout_prob = args.finetune_dropout
+            f.model.overrides.update(width)
             f.optimizer.lr = 1e-4  # the IndoNLU recipe's rate for models trained from scratch
             f.train.batch_size = 32
             f.train.num_epochs = int(n_epochs)
@@ -117,25 +128,26 @@ def main():
             v = r["splits"]["validation"]
             scores[(task, init)] = (100 * v["f1"], 100 * v["accuracy"])
 
-    shape = PRESETS[args.preset]
+    shape = dict(PRESETS[args.preset], **width)
     lines = ["# Pretraining on id_corpus_sample, then fine-tuning", "",
              f"Command: `python benchmarks/pretrain_id_corpus.py --workdir={args.workdir} "
              f"--pretrain_minutes={args.pretrain_minutes} --preset={args.preset} --batch={args.batch} --lr={args.lr:g} "
              f"--vocab_size={args.vocab_size} --pretrain_dropout={args.pretrain_dropout:g} "
-             f"--finetune_epochs={args.finetune_epochs}` "
+             f"--finetune_epochs={args.finetune_epochs} --hidden_size={args.hidden_size} --sentence_task={args.sentence_task} "
+             f"--steps={args.steps}` "
              "(2-core CPU, float32).", "",
              f"Corpus: {corpus['documents_kept']:,} documents ({corpus['duplicates_dropped']} exact duplicates dropped), "
              f"{meta['words']:,} words -> {meta['counts']['train']:,} training / {meta['counts']['heldout']:,} held-out "
-             f"segment pairs at 128 (NSP). Vocabulary: WordPiece {args.vocab_size:,} ({timings['vocab_s']:.0f} s).", "",
+             f"segments at 128 (sentence task: {args.sentence_task}). Vocabulary: WordPiece {args.vocab_size:,} ({timings['vocab_s']:.0f} s).", "",
              f"Model: `{args.preset}` (BERT, {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}), "
-             f"MLM (15%, <= 20 predictions) + NSP, dropout {args.pretrain_dropout:g}, AdamW {args.lr:g} (linear warmup and decay), "
+             f"MLM (15%, <= 20 predictions), sentence task {args.sentence_task}, dropout {args.pretrain_dropout:g}, AdamW {args.lr:g} (linear warmup and decay), "
              f"batch {args.batch}, {pre['steps']} steps in {timings['pretrain_s'] / 60:.1f} min.", "",
-             "| step | train MLM acc | train NSP acc | held-out MLM acc | tokens/s |", "|---|---|---|---|---|"]
+             "| step | train MLM loss | train MLM acc | train NSP acc | held-out MLM acc | tokens/s |", "|---|---|---|---|---|---|"]
     heldout = {h["step"]: h["heldout"]["mlm_accuracy"] for h in pre["history"]}
     # One row per evaluation, with the last training log at or before it (evaluations need not fall on log steps).
     for step in sorted(heldout):
         row = max((r for r in curve if r["step"] <= step), key=lambda r: r["step"], default=curve[0])
-        lines.append(f"| {step} | {row.get('train/mlm_accuracy', 0):.3f} | {row.get('train/sentence_accuracy', 0):.3f} "
+        lines.append(f"| {step} | {row.get('train/mlm_loss', 0):.2f} | {row.get('train/mlm_accuracy', 0):.3f} | {row.get('train/sentence_accuracy', 0):.3f} "
                      f"| {heldout[step]:.3f} | {row['train/tokens_per_s']:.0f} |")
     lines += ["", f"Fine-tuning, same recipe for both (Adam 1e-4, x0.9 per epoch, batch 32, seq 128, dropout {args.finetune_dropout:g}; "
               "validation macro-F1 / accuracy of the best epoch):", "", "| task | epochs | pretrained F1 | random init F1 | "
