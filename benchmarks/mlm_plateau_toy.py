@@ -41,37 +41,40 @@ def batches(seed, steps, batch, length, vocab):
         yield inputs, pos, target
 
 
-def run_seed(seed, args):
+def run_seed(seed, *, steps, report_every, batch, length, vocab, lr):
+    """[(step, nli-jax loss, transformers loss)], each the mean over the report_every steps before it."""
     import jax.numpy as jnp
     import optax
     import torch
     from flax import nnx
     from transformers import BertForMaskedLM
 
+    from nli_jax.losses import masked_lm_loss
     from nli_jax.models import ForMaskedLM, preset
 
-    config = preset("scratch-2layer-small", vocab_size=args.vocab, hidden_size=128, intermediate_size=512,
+    config = preset("scratch-2layer-small", vocab_size=vocab, hidden_size=128, intermediate_size=512,
                     num_attention_heads=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ours = ForMaskedLM(config, rngs=nnx.Rngs(seed))
     with tempfile.TemporaryDirectory() as tmp:
         ours.save_pretrained(tmp)
         theirs = BertForMaskedLM.from_pretrained(tmp)
     theirs.train()
-    torch_opt = torch.optim.AdamW(theirs.parameters(), lr=args.lr, weight_decay=0.01)
-    optimizer = nnx.Optimizer(ours, optax.adamw(args.lr, weight_decay=0.01), wrt=nnx.Param)
+    torch_opt = torch.optim.AdamW(theirs.parameters(), lr=lr, weight_decay=0.01)
+    optimizer = nnx.Optimizer(ours, optax.adamw(lr, weight_decay=0.01), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, optimizer, inputs, positions, targets):
         def loss_fn(m):
-            logits = m(inputs, jnp.ones_like(inputs), jnp.zeros_like(inputs), masked_positions=positions)["mlm_logits"]
-            return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+            total, count = masked_lm_loss(m(inputs, masked_positions=positions)["mlm_logits"], targets,
+                                          jnp.ones(targets.shape))
+            return total / count
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(model, grads)
         return loss
 
     rows = []
     window_ours, window_theirs = [], []
-    for s, (inputs, positions, targets) in enumerate(batches(seed, args.steps, args.batch, args.length, args.vocab), 1):
+    for s, (inputs, positions, targets) in enumerate(batches(seed, steps, batch, length, vocab), 1):
         window_ours.append(float(step(ours, optimizer, jnp.asarray(inputs), jnp.asarray(positions), jnp.asarray(targets))))
         labels = np.full(inputs.shape, -100, np.int64)
         np.put_along_axis(labels, positions, targets, 1)
@@ -80,7 +83,7 @@ def run_seed(seed, args):
         torch_opt.step()
         torch_opt.zero_grad()
         window_theirs.append(loss.item())
-        if s % args.report_every == 0:  # mean over the last report_every steps: single batches are noisy
+        if s % report_every == 0:  # mean over the last report_every steps: single batches are noisy
             rows.append((s, np.mean(window_ours), np.mean(window_theirs)))
             window_ours, window_theirs = [], []
     return rows
@@ -99,7 +102,8 @@ def main():
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     t = time.time()
-    results = {int(s): run_seed(int(s), args) for s in args.seeds.split(",")}
+    results = {int(s): run_seed(int(s), steps=args.steps, report_every=args.report_every, batch=args.batch,
+                                length=args.length, vocab=args.vocab, lr=args.lr) for s in args.seeds.split(",")}
     steps = [s for s, _, _ in next(iter(results.values()))]
     lines = [f"Neighbour-copy toy, length {args.length}, vocab {args.vocab}, batch {args.batch}, AdamW {args.lr:g}; "
              f"uniform loss ln({args.vocab - 10}) = {math.log(args.vocab - 10):.2f}. Mean training loss over the "

@@ -130,11 +130,8 @@ def main():
 
     shape = dict(PRESETS[args.preset], **width)
     lines = ["# Pretraining on id_corpus_sample, then fine-tuning", "",
-             f"Command: `python benchmarks/pretrain_id_corpus.py --workdir={args.workdir} "
-             f"--pretrain_minutes={args.pretrain_minutes} --preset={args.preset} --batch={args.batch} --lr={args.lr:g} "
-             f"--vocab_size={args.vocab_size} --pretrain_dropout={args.pretrain_dropout:g} "
-             f"--finetune_epochs={args.finetune_epochs} --hidden_size={args.hidden_size} --sentence_task={args.sentence_task} "
-             f"--steps={args.steps}` "
+             "Command: `python benchmarks/pretrain_id_corpus.py "
+             + " ".join(f"--{k}={v}" for k, v in vars(args).items() if k != "data") + "` "
              "(2-core CPU, float32).", "",
              f"Corpus: {corpus['documents_kept']:,} documents ({corpus['duplicates_dropped']} exact duplicates dropped), "
              f"{meta['words']:,} words -> {meta['counts']['train']:,} training / {meta['counts']['heldout']:,} held-out "

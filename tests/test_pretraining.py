@@ -396,12 +396,9 @@ def test_mlm_leaves_its_plateau_as_transformers_does():
     all the way down. A bug in attention, positions or the tied decoder would show here once the
     model starts to use context; benchmarks/mlm_plateau_toy.py prints the full table."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import argparse
-
     import mlm_plateau_toy
 
-    args = argparse.Namespace(steps=800, report_every=200, batch=32, length=8, vocab=2000, lr=3e-4)
-    rows = mlm_plateau_toy.run_seed(0, args)
+    rows = mlm_plateau_toy.run_seed(0, steps=800, report_every=200, batch=32, length=8, vocab=2000, lr=3e-4)
     assert [s for s, _, _ in rows] == [200, 400, 600, 800]
     for step, ours, theirs in rows:
         assert abs(ours - theirs) < 0.1, (step, ours, theirs)
