@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from nli_jax.models.config import ConfigError, EncoderConfig
+from nli_jax.models import make_rngs
 from nli_jax.models import models as M
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,7 @@ def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: bool | N
             if key not in head_kwargs and key in saved_heads:
                 head_kwargs[key] = saved_heads[key]
     weights = _canonical(config, read_weights(directory))
-    model = cls(config, rngs=nnx.Rngs(seed), **head_kwargs)
+    model = cls(config, rngs=make_rngs(seed), **head_kwargs)  # a "dropout" stream: the train step reseeds it
     load_weights(model, weights, source=directory, strict=strict)
     return model
 

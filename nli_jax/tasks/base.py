@@ -59,6 +59,13 @@ class Task(abc.ABC):
     def loss(self, model, batch, deterministic: bool):
         """(loss sum, weight sum, dict of metric sums) over the batch."""
 
+    def loss_normalizers(self, batch) -> dict | None:
+        """Global-batch denominators for losses that are not means over examples, or None.
+
+        The train step computes them on the whole global batch and passes them to `loss` as
+        batch["loss_normalizers"], so a micro-batch's loss is its exact share of the global one."""
+        return None
+
     @abc.abstractmethod
     def predict(self, model, batch) -> dict:
         """Per-example outputs (arrays with the batch as first axis)."""

@@ -92,21 +92,30 @@ class Pretraining(Task):
         return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                      masked_positions=batch["masked_positions"], deterministic=deterministic)
 
+    def loss_normalizers(self, batch):
+        return {"examples": jnp.sum(batch["weight"]),
+                "masked_tokens": jnp.sum(batch["masked_weights"] * batch["weight"][:, None])}
+
     def loss(self, model, batch, deterministic):
         out = self._outputs(model, batch, deterministic)
         weights = batch["masked_weights"] * batch["weight"][:, None]
         mlm_sum, mlm_w = masked_lm_loss(out["mlm_logits"], batch["masked_ids"], weights)
         mlm_correct, _ = weighted_accuracy(out["mlm_logits"], batch["masked_ids"], weights)
         examples = jnp.sum(batch["weight"])
-        loss = mlm_sum / jnp.maximum(mlm_w, 1.0)
+        # BERT's objective: mean MLM loss over the global batch's masked tokens + mean sentence
+        # loss over its pairs. Under accumulation each micro-batch divides by the global counts.
+        totals = batch.get("loss_normalizers") or {"examples": examples, "masked_tokens": mlm_w}
+        global_examples = jnp.maximum(totals["examples"], 1.0)
+        objective = mlm_sum / jnp.maximum(totals["masked_tokens"], 1.0)
         sums = {"mlm_loss_sum": mlm_sum, "mlm_weight": mlm_w, "mlm_correct": mlm_correct}
         if "sentence_logits" in out:
             s_sum, s_w = weighted_cross_entropy(out["sentence_logits"], batch["sentence_label"], batch["weight"])
             s_correct, _ = weighted_accuracy(out["sentence_logits"], batch["sentence_label"], batch["weight"])
-            loss = loss + s_sum / jnp.maximum(s_w, 1.0)
+            objective = objective + s_sum / global_examples
             sums.update(sentence_loss_sum=s_sum, sentence_weight=s_w, sentence_correct=s_correct)
-        # (batch-mean loss) x examples, with the examples as weight: the loop's mean gives it back.
-        return loss * examples, examples, sums
+        # (this micro-batch's share of the objective) x global examples, weighted by its examples:
+        # the loop's sum over micro-batches divided by the summed weight is the objective itself.
+        return objective * global_examples, examples, sums
 
     def predict(self, model, batch):
         out = self._outputs(model, batch, True)

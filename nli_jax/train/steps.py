@@ -13,6 +13,22 @@ import optax
 from flax import nnx
 
 
+def check_dropout_streams(model) -> None:
+    """Every active Dropout must draw from an RNG stream named "dropout".
+
+    The train step reseeds that stream from (seed, step, micro-batch). A Dropout built from
+    another stream (e.g. `nnx.Rngs(seed)`, whose only stream is "default") is not reseeded: its
+    key sits in the model's non-parameter state, a constant of the jitted step, and the same
+    masks would be drawn at every step. Build models with `nli_jax.models.make_rngs`.
+    """
+    frozen = [".".join(map(str, path)) for path, module in nnx.iter_graph(model)
+              if isinstance(module, nnx.Dropout) and module.rate > 0
+              and getattr(module.rngs, "tag", None) != "dropout"]
+    if frozen:
+        raise ValueError(f"{len(frozen)} dropout layer(s) have no 'dropout' RNG stream and would repeat one mask at "
+                         f"every step (first: {frozen[0]}); build the model with nli_jax.models.make_rngs(seed)")
+
+
 def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulation_steps: int = 1):
     base_key = jax.random.key(seed, impl="rbg")
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
@@ -20,6 +36,7 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
     def loss_and_grads(params, batch, key):
         def loss_fn(p):
             model = nnx.merge(graphdef, p, rest)
+            check_dropout_streams(model)  # at trace time: costs nothing per step
             nnx.reseed(model, dropout=key)
             loss_sum, weight, sums = task.loss(model, batch, deterministic=False)
             return loss_sum, (weight, sums)
@@ -29,17 +46,24 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
     def train_step(state, batch):
         params = state["params"]
         step_key = jax.random.fold_in(base_key, state["step"])
+        # Denominators of losses that are means over something other than examples (MLM: masked
+        # tokens), taken over the whole global batch so that accumulation changes nothing.
+        normalizers = task.loss_normalizers(batch)
+        if normalizers is not None:
+            batch = {**batch, "loss_normalizers": normalizers}
         if accumulation_steps == 1:
             grads, sums = loss_and_grads(params, batch, step_key)
         else:
-            micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), batch)
+            split = {k: v for k, v in batch.items() if k != "loss_normalizers"}
+            micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), split)
+            extra = {"loss_normalizers": normalizers} if normalizers is not None else {}
 
             def body(carry, xs):
                 index, mb = xs
-                g, s = loss_and_grads(params, mb, jax.random.fold_in(step_key, index))
+                g, s = loss_and_grads(params, {**mb, **extra}, jax.random.fold_in(step_key, index))
                 return jax.tree.map(jnp.add, carry, (g, s)), None
             zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_and_grads(
-                params, jax.tree.map(lambda x: x[0], micro), step_key)))
+                params, {**jax.tree.map(lambda x: x[0], micro), **extra}, step_key)))
             (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
         # Mean over the weighted examples of the whole global batch.
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
