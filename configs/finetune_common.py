@@ -10,6 +10,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.task = "indonli"
     c.eval_splits = ("validation",)
     c.seeds = ()  # e.g. (1, 2, 3): one run per seed in <workdir>/seed_N, mean ± std in results.json
+    # The best parameters as a Hugging Face directory (<workdir>/export_best, label names in
+    # id2label); also later with `python -m finetune.export`.
+    c.export_best = False
 
     c.data = ml_collections.ConfigDict()
     c.data.source = ""  # local directory with the official files; empty = download them

@@ -356,17 +356,24 @@ def state_dict(model: M.PretrainedModel) -> dict[str, np.ndarray]:
     return {e.hf_name: to_hf(e, np.asarray(flat[e.path][...])) for e in parameter_entries(model)}
 
 
-def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None) -> None:
+def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None, label_names=None) -> None:
+    """`label_names`: the classes in output order, written as id2label / label2id (transformers'
+    pipelines and model cards show them); LABEL_i without them."""
     from safetensors.numpy import save_file
     os.makedirs(path, exist_ok=True)
     architecture = _architecture(model)
     config = model.config.to_hf_dict([architecture])
     head_arguments = model.head_arguments()
-    if "num_labels" in head_arguments and not isinstance(model, M.ForMultiAspectClassification):
-        n = head_arguments["num_labels"]
-        config.setdefault("id2label", {str(i): f"LABEL_{i}" for i in range(n)})
-        config.setdefault("label2id", {v: int(k) for k, v in config["id2label"].items()})
+    n = head_arguments.get("num_labels")
+    if label_names is not None and n is not None and len(label_names) != n:
+        raise ValueError(f"{len(label_names)} label names for a head with {n} labels")
+    if n is not None and not isinstance(model, M.ForMultiAspectClassification):
+        names = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(n)]
+        config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        config["label2id"] = {name: i for i, name in enumerate(names)}
     config["nli_jax"] = {"class": type(model).__name__, "head_arguments": head_arguments}
+    if label_names is not None:
+        config["nli_jax"]["labels"] = list(label_names)  # multi-aspect heads: one softmax over these per aspect
     config["tie_word_embeddings"] = True
     weights = state_dict(model)
     save_file(weights, os.path.join(path, SAFE_WEIGHTS), metadata={"format": "pt"})

@@ -37,44 +37,53 @@ class IndoNLUTask:
 
 # --- parsers: file -> list of examples ------------------------------------------------------------
 
+# `labelled=False` reads input to predict: gold columns may be absent (or hold the masked
+# placeholders of the public test files); labels come back as None.
+
 def _single_csv(text_field: str, label_field: str):
-    def parse(path):
+    def parse(path, labelled=True):
         out = []
-        for number, row in read_csv(path, columns=2):
+        for number, row in read_csv(path, columns=2 if labelled else None):
             out.append({"line": number, "text": require_text(path, number, row, text_field),
-                        "label": require_text(path, number, row, label_field).strip()})
+                        "label": require_text(path, number, row, label_field).strip() if labelled else None})
         return out
     return parse
 
 
-def _smsa(path):
+def _smsa(path, labelled=True):
     out = []
-    for number, row in read_csv(path, delimiter="\t", header=False, columns=2):
-        text, label = row
-        if not text.strip() or not label.strip():
-            raise DataError(f"{path}:{number}: empty text or label")
-        out.append({"line": number, "text": text, "label": label.strip()})
+    for number, row in read_csv(path, delimiter="\t", header=False, columns=2 if labelled else None):
+        if labelled:
+            text, label = row
+            if not text.strip() or not label.strip():
+                raise DataError(f"{path}:{number}: empty text or label")
+        else:
+            text, label = row[0], None
+            if len(row) > 2 or not text.strip():
+                raise DataError(f"{path}:{number}: expected 'text' or 'text<TAB>label', got {len(row)} columns")
+        out.append({"line": number, "text": text, "label": label.strip() if labelled else None})
     return out
 
 
-def _wrete(path):
+def _wrete(path, labelled=True):
     out = []
-    for number, row in read_csv(path, columns=4):
+    for number, row in read_csv(path, columns=4 if labelled else None):
         out.append({"line": number, "text_a": require_text(path, number, row, "sent_A"),
                     "text_b": require_text(path, number, row, "sent_B"),
-                    "category": row.get("category", "").strip(), "label": require_text(path, number, row, "label").strip()})
+                    "category": (row.get("category") or "").strip(),
+                    "label": require_text(path, number, row, "label").strip() if labelled else None})
     return out
 
 
 def _aspects(text_field: str, aspects: tuple[str, ...]):
-    def parse(path):
+    def parse(path, labelled=True):
         out = []
-        for number, row in read_csv(path, columns=len(aspects) + 1):
-            missing = [a for a in (text_field, *aspects) if a not in row]
+        for number, row in read_csv(path, columns=len(aspects) + 1 if labelled else None):
+            missing = [a for a in ((text_field, *aspects) if labelled else (text_field,)) if a not in row]
             if missing:
                 raise DataError(f"{path}:{number}: missing column(s) {missing}")
             out.append({"line": number, "text": require_text(path, number, row, text_field),
-                        "labels": [require_text(path, number, row, a).strip() for a in aspects]})
+                        "labels": [require_text(path, number, row, a).strip() for a in aspects] if labelled else None})
         return out
     return parse
 
@@ -89,8 +98,9 @@ def _check_tag(path, number, tag):
     return tag
 
 
-def _tagging(path):
-    """token<TAB>tag lines; a blank line ends a sentence. `line` is the sentence's first line."""
+def _tagging(path, labelled=True):
+    """token<TAB>tag lines; a blank line ends a sentence. `line` is the sentence's first line.
+    Unlabelled input may also have a bare token per line."""
     out, tokens, tags, start = [], [], [], None
     for number, line in enumerate(_open_text(path).split("\n"), start=1):
         line = line.rstrip("\r")
@@ -98,6 +108,13 @@ def _tagging(path):
             if tokens:
                 out.append({"line": start, "tokens": tokens, "tags": tags})
             tokens, tags, start = [], [], None
+            continue
+        if not labelled:
+            token = line.rsplit("\t", 1)[0] if "\t" in line else line
+            if not token:
+                raise DataError(f"{path}:{number}: empty token")
+            tokens.append(token)
+            start = start or number
             continue
         if "\t" not in line:
             raise DataError(f"{path}:{number}: expected 'token<TAB>tag', got {line[:60]!r}")
@@ -109,6 +126,9 @@ def _tagging(path):
         start = start or number
     if tokens:
         out.append({"line": start, "tokens": tokens, "tags": tags})
+    if not labelled:
+        for example in out:
+            example["tags"] = None
     return out
 
 
@@ -125,11 +145,16 @@ def _literal_list(path, number, row, field):
     return value
 
 
-def _facqa(path):
+def _facqa(path, labelled=True):
     out = []
-    for number, row in read_csv(path, columns=3):
+    for number, row in read_csv(path, columns=3 if labelled else None):
         question = _literal_list(path, number, row, "question")
         passage = _literal_list(path, number, row, "passage")
+        if not labelled:
+            if not question or not passage:
+                raise DataError(f"{path}:{number}: empty question or passage")
+            out.append({"line": number, "question": question, "tokens": passage, "tags": None})
+            continue
         labels = _literal_list(path, number, row, "seq_label")
         if len(passage) != len(labels):
             raise DataError(f"{path}:{number}: passage has {len(passage)} tokens but seq_label has {len(labels)} labels")
@@ -203,6 +228,20 @@ def load_examples(task: IndoNLUTask, directory: str) -> dict[str, list[dict]]:
             example["idx"] = index
         out[split] = examples
     return out
+
+
+def read_file(task: IndoNLUTask, path: str, *, labelled: bool = True) -> list[dict]:
+    """One file in the task's format (e.g. a test file, or unlabelled input to predict)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{task.name}: {path} not found")
+    examples = task.parse_file(path, labelled=labelled)
+    if not examples:
+        raise DataError(f"{path}: no examples")
+    if labelled:
+        _check_labels(task, path, examples)
+    for index, example in enumerate(examples):
+        example["idx"] = index
+    return examples
 
 
 def label_vocabulary(task: IndoNLUTask, examples: dict[str, list[dict]]) -> list[str]:

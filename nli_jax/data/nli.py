@@ -34,6 +34,10 @@ class NLICorpus:
     parse: Callable[[str, int, dict], dict | None]  # (file, line, row) -> example or None (drop)
     base_url: str = ""  # official download location of the files (for real users)
     description: str = ""
+    # Unlabelled input (predict): the gold field is set to this valid value for `parse`, and
+    # the example's label to -1.
+    label_field: str = "label"
+    placeholder_label: str = "entailment"
 
 
 def _indonli_parse(path: str, number: int, row: dict) -> dict:
@@ -62,6 +66,7 @@ INDONLI = NLICorpus(
         "diagnostic": SplitFile("diagnostic.jsonl", reader=read_json_records),
     },
     parse=_indonli_parse,
+    placeholder_label="e",
     base_url="https://raw.githubusercontent.com/ir-nlp-csui/indonli/main/data/indonli/",
     description="IndoNLI (Mahendra et al., 2021): lay train/validation/test_lay, expert test_expert, diagnostic.",
 )
@@ -107,6 +112,8 @@ INFERES = NLICorpus(
     splits={"train": SplitFile("inferes_train.csv", reader=_read_inferes, required=True),
             "test": SplitFile("inferes_test.csv", reader=_read_inferes)},
     parse=_inferes_parse,
+    label_field="Label",
+    placeholder_label="ent",
     base_url="https://raw.githubusercontent.com/venelink/inferes/main/corpus/",
     description="InferES (Kovatchev & Taule, 2022), Spanish; categories: creation strategy (Anno_Type), topic.",
 )
@@ -126,6 +133,7 @@ TRANSLATE_TRAIN_SMALL = NLICorpus(
     name="indonli_translate_train_small",
     splits={"train": SplitFile("train.jsonl", required=True), "validation": SplitFile("dev.jsonl")},
     parse=_translate_train_parse,
+    label_field="gold_label",
     description="MNLI machine-translated to Indonesian, the IndoNLI paper's translate-train-small sample "
                 "(data/translate_train_small.tar.gz in the IndoNLI repository; extract it and pass the folder).",
 )
@@ -171,6 +179,31 @@ def load_examples(corpus: NLICorpus, source: str) -> dict[str, list[dict]]:
             example["idx"] = index
         out[split] = examples
     return out
+
+
+def read_file(corpus_name: str, path: str, *, labelled: bool = True) -> list[dict]:
+    """One file in the corpus's format, validated like the official splits (e.g. a held-out
+    test file, or unlabelled pairs to predict: then every label is -1 and no row is dropped)."""
+    if corpus_name not in CORPORA:
+        raise DataError(f"unknown NLI corpus {corpus_name!r}; known: {sorted(CORPORA)}")
+    corpus = CORPORA[corpus_name]
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{corpus.name}: {path} not found")
+    by_name = {spec.filename: spec.reader for spec in corpus.splits.values()}
+    csv_readers = [spec.reader for spec in corpus.splits.values() if spec.filename.endswith(".csv")]
+    reader = by_name.get(os.path.basename(path)) or (
+        csv_readers[0] if path.endswith(".csv") and csv_readers else read_json_records)
+    parse = corpus.parse
+    if not labelled:
+        def parse(p, number, row):
+            if not isinstance(row, dict):
+                raise DataError(f"{p}:{number}: expected a JSON object")
+            example = corpus.parse(p, number, {**row, corpus.label_field: corpus.placeholder_label})
+            return dict(example, label=-1)
+    examples = read_validated(path, reader, parse)
+    for index, example in enumerate(examples):
+        example["idx"] = index
+    return examples
 
 
 def prepare(corpus_name: str, source: str | None, data_dir: str, *, download_dir: str | None = None):

@@ -28,9 +28,9 @@ class PretrainedModel(nnx.Module):
         from nli_jax.checkpoints import hf
         return hf.from_pretrained(cls, path, **kwargs)
 
-    def save_pretrained(self, path: str, *, tokenizer=None) -> None:
+    def save_pretrained(self, path: str, *, tokenizer=None, label_names=None) -> None:
         from nli_jax.checkpoints import hf
-        hf.save_pretrained(self, path, tokenizer=tokenizer)
+        hf.save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names)
 
 
 class EncoderModel(PretrainedModel):

@@ -33,11 +33,11 @@ class Task(abc.ABC):
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
     train_split: str = "train"
     validation_split: str = "validation"
-    workdir: str | None = None  # set by the loop before load()
 
     @abc.abstractmethod
-    def load(self, config) -> dict[str, Any]:
-        """{split: random-access source of examples}, validated (errors name file and line)."""
+    def load(self, config, workdir: str | None = None) -> dict[str, Any]:
+        """{split: random-access source of examples}, validated (errors name file and line).
+        `workdir`: the run's directory, for tasks that derive data there (pretraining examples)."""
 
     @abc.abstractmethod
     def model_class_and_kwargs(self, config) -> tuple[type, dict]:
@@ -46,6 +46,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def encoder(self, config, tokenizer) -> Callable[[dict], dict]:
         """example -> dict of numpy features (unpadded token fields)."""
+
+    def read_file(self, config, path: str, *, labelled: bool = True) -> list[dict]:
+        """Examples of one file in the task's own format, for evaluate (labelled) and predict
+        (labelled=False: gold fields may be absent; labels None / -1)."""
+        raise NotImplementedError(f"task {self.name!r} does not read single files (evaluate/predict)")
 
     def collate(self, config, tokenizer):
         """None: the loop pads rows to length buckets (pipeline.pad_batch). A task may return

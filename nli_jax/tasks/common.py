@@ -47,8 +47,10 @@ class ClassificationTask(Task):
                  "prediction": self.labels[int(p)], "probabilities": [round(float(x), 6) for x in probs]}
                 for e, p, probs in zip(examples, predictions["prediction"], predictions["probabilities"])]
 
-    def label_name(self, example) -> str:
+    def label_name(self, example) -> str | None:
         label = example["label"]
+        if label is None or (isinstance(label, int) and label < 0):  # unlabelled input (predict)
+            return None
         return self.labels[label] if isinstance(label, int) else label
 
 
@@ -123,7 +125,8 @@ class TaggingTask(Task):
             return {"input_ids": ids, "attention_mask": np.ones_like(ids),
                     "token_type_ids": np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32),
                     "word_index": word_index, "word_mask": word_mask,
-                    "word_labels": np.asarray([label_ids[t] for t in example["tags"][:n_words]], np.int32),
+                    "word_labels": (np.asarray([label_ids[t] for t in example["tags"][:n_words]], np.int32)
+                                    if example["tags"] is not None else np.zeros(n_words, np.int32)),
                     "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
         return encode
 
@@ -148,7 +151,7 @@ class TaggingTask(Task):
         """Words the encoding could not see (truncated, or no sub-token) are predicted 'O'."""
         fallback = "O" if "O" in self.labels else self.labels[0]
         out = []
-        for i in range(len(example["tags"])):
+        for i in range(len(example["tokens"])):
             seen = i < len(word_mask) and word_mask[i] > 0
             out.append(self.labels[int(prediction[i])] if seen else fallback)
         return out

@@ -22,11 +22,14 @@ class _IndoNLUData:
     primary_metric = "f1"
     spec: data.IndoNLUTask
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         tfds_dir = os.path.expanduser(config.data.get("tfds_dir") or "~/tensorflow_datasets/nli_jax")
         splits, vocabulary = data.prepare(self.spec.name, config.data.get("source") or None, tfds_dir)
         self.labels = tuple(vocabulary)
         return splits
+
+    def read_file(self, config, path, *, labelled=True):
+        return data.read_file(self.spec, path, labelled=labelled)
 
 
 class SentenceTask(_IndoNLUData, ClassificationTask):
@@ -40,7 +43,8 @@ class SentenceTask(_IndoNLUData, ClassificationTask):
         def encode(example):
             features = (encode_text(tokenizer, example["text_a"], example["text_b"], max_length) if pair
                         else encode_text(tokenizer, example["text"], None, max_length))
-            return {**features, "label": np.int32(ids[example["label"]]), "idx": np.int32(example["idx"]),
+            label = -1 if example["label"] is None else ids[example["label"]]  # None: input to predict
+            return {**features, "label": np.int32(label), "idx": np.int32(example["idx"]),
                     "weight": np.float32(1.0)}
         return encode
 
@@ -66,7 +70,8 @@ class AspectTask(_IndoNLUData, MultiAspectTask):
 
         def encode(example):
             return {**encode_text(tokenizer, example["text"], None, max_length),
-                    "labels": np.asarray([ids[l] for l in example["labels"]], np.int32),
+                    "labels": np.asarray([ids[l] for l in example["labels"]] if example["labels"] is not None
+                                         else [-1] * len(self.aspects), np.int32),
                     "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
         return encode
 
@@ -80,7 +85,8 @@ class AspectTask(_IndoNLUData, MultiAspectTask):
         return out
 
     def prediction_records(self, split, examples, predictions):
-        return [{"split": split, "idx": e["idx"], "labels": dict(zip(self.aspects, e["labels"])),
+        return [{"split": split, "idx": e["idx"],
+                 "labels": dict(zip(self.aspects, e["labels"])) if e["labels"] is not None else None,
                  "prediction": {a: self.labels[int(p)] for a, p in zip(self.aspects, row)}}
                 for e, row in zip(examples, predictions["prediction"])]
 

@@ -31,8 +31,11 @@ class NLITask(ClassificationTask):
         self.corpus = corpus
         self.train_split = train_split
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         return nli_data.prepare(self.corpus, config.data.get("source") or None, _tfds_dir(config))
+
+    def read_file(self, config, path, *, labelled=True):
+        return nli_data.read_file(self.corpus, path, labelled=labelled)
 
     def encoder(self, config, tokenizer):
         max_length = int(config.data.max_seq_length)
@@ -66,7 +69,7 @@ class OCNLITask(NLITask):
     def __init__(self):
         super().__init__("ocnli")
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         splits = super().load(config)
         size = str(config.data.get("train_size", "") or "")
         candidates = [f"train_{size}"] if size else ["train_50k", "train_30k", "train_10k", "train_3k"]
@@ -86,7 +89,7 @@ class InferESTask(NLITask):
     def __init__(self):
         super().__init__("inferes")
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         splits = super().load(config)
         train = [splits["train"][i] for i in range(len(splits["train"]))]
         train.sort(key=lambda e: e["idx"])
@@ -122,7 +125,7 @@ class TranslateTrainTask(NLITask):
         super().__init__("indonli")
         self.name = "indonli_translate_train"
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         indonli = super().load(config)
         source = config.data.get("translate_train_source")
         if not source:

@@ -30,11 +30,13 @@ class Pretraining(Task):
     def __init__(self):
         self.examples_dir = None
 
-    def load(self, config):
+    def load(self, config, workdir=None):
         p = config.pretrain
         directory = p.get("examples_dir") or ""
         if not directory:
-            directory = os.path.join(self.workdir, "examples")
+            if not workdir:
+                raise ValueError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
+            directory = os.path.join(workdir, "examples")
             if not os.path.isfile(os.path.join(directory, "examples.json")):
                 files = sorted(f for pattern in p.corpus for f in glob.glob(os.path.expanduser(pattern)))
                 if not files:

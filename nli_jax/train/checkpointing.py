@@ -15,17 +15,28 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-    def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
+    def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True, create: bool = True):
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
                                                  enable_async_checkpointing=async_save),
             item_names=("state", "data", "loop"))
         self.best = ocp.CheckpointManager(
             os.path.join(os.path.abspath(workdir), "best"),
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True, enable_async_checkpointing=False),
+            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=create, enable_async_checkpointing=False),
             item_names=("params", "info"))
+
+    @staticmethod
+    def read_best_info(workdir: str) -> dict | None:
+        """The JSON saved with a run's best parameters (step, metric, label names), or None."""
+        best = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "best"),
+                                     options=ocp.CheckpointManagerOptions(create=False), item_names=("params", "info"))
+        try:
+            step = best.latest_step()
+            return None if step is None else best.restore(step, args=ocp.args.Composite(info=ocp.args.JsonRestore()))["info"]
+        finally:
+            best.close()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

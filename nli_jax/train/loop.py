@@ -8,9 +8,12 @@ parameters are evaluated on every split and written to results.json / prediction
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 import signal
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -22,10 +25,11 @@ from nli_jax.data import pipeline
 from nli_jax.models import make_rngs, preset
 from nli_jax.tasks import get_task
 from nli_jax.train import mesh as mesh_lib
-from nli_jax.train.checkpointing import Checkpointer, abstract_like, check_workdir_config
+from nli_jax.data.records import InMemorySource
+from nli_jax.train.checkpointing import CONFIG_FILE, Checkpointer, abstract_like, check_workdir_config
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
-from nli_jax.train.steps import make_eval_step, make_train_step
+from nli_jax.train.steps import check_dropout_streams, make_eval_step, make_train_step
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -60,12 +64,13 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     return out
 
 
-def build_model(config, task, tokenizer):
+def build_model(config, task, tokenizer, init: str | None = None):
     cls, head_kwargs = task.model_class_and_kwargs(config)
     m = config.model
     overrides = {k: v for k, v in dict(m.get("overrides") or {}).items() if v is not None}
-    if m.get("init"):
-        return cls.from_pretrained(m.init, dtype=m.get("dtype", "float32"), remat=bool(m.get("remat", False)),
+    init = init or m.get("init")
+    if init:
+        return cls.from_pretrained(init, dtype=m.get("dtype", "float32"), remat=bool(m.get("remat", False)),
                                    seed=int(config.train.seed), config_overrides=overrides, **head_kwargs)
     encoder_config = preset(m.preset, vocab_size=len(tokenizer), dtype=m.get("dtype", "float32"),
                             remat=bool(m.get("remat", False)), pad_token_id=tokenizer.pad_token_id, **overrides)
@@ -105,24 +110,76 @@ class Preempted(SystemExit):
     pass
 
 
-def _run(config, workdir: str) -> dict:
-    setup_logging(workdir)
+@dataclasses.dataclass
+class RunSetup:
+    """Everything a run needs before its first step: task, data, tokenizer, model, mesh,
+    shardings and the jitted evaluation step. Training, final evaluation, evaluate and predict
+    all start from one of these."""
+    config: Any
+    workdir: str
+    task: Any
+    splits: dict
+    tokenizer: Any
+    model: Any
+    encode: Callable
+    collate: Callable
+    mesh: Any
+    rules: tuple
+    batch_sharding: Any
+    graphdef: Any
+    rest: Any
+    params: dict  # placed by the logical-axis rules
+    param_shardings: Any
+    eval_step: Callable
+    _eval_data: dict = dataclasses.field(default_factory=dict)
+    _predict_step: Callable | None = None
+
+    @property
+    def label_names(self) -> list[str] | None:
+        labels = getattr(self.task, "labels", None)
+        return list(labels) if labels else None
+
+    def evaluate(self, params, split: str):
+        """(report, prediction records) of one split; each split is read and encoded once per run."""
+        if split not in self._eval_data:
+            self._eval_data[split] = _EvalSplit(self.splits[split], self.encode)
+        return _evaluate(self.task, self.eval_step, params, self._eval_data[split], self.collate, self.batch_sharding,
+                         int(self.config.train.get("eval_batch_size", 64)), jax.process_count(), jax.process_index(),
+                         split)
+
+    def predict(self, params, examples: list[dict], split: str) -> list[dict]:
+        """Prediction records (label names) for examples that may have no gold labels."""
+        if self._predict_step is None:
+            graphdef, rest, task = self.graphdef, nnx.to_pure_dict(self.rest), self.task
+
+            def predict_step(params, batch):
+                return {**task.predict(nnx.merge(graphdef, params, rest), batch), "idx": batch["idx"]}
+            self._predict_step = jax.jit(predict_step, in_shardings=(self.param_shardings, self.batch_sharding),
+                                         out_shardings=mesh_lib.replicated(self.mesh))
+        data = _EvalSplit(InMemorySource(examples), self.encode)
+        return _predict(self.task, self._predict_step, params, data, self.collate, self.batch_sharding,
+                        int(self.config.train.get("eval_batch_size", 64)), jax.process_count(), jax.process_index(),
+                        split)
+
+
+def setup(config, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
+          model_init: str | None = None) -> RunSetup:
+    """Data, tokenizer, model, mesh and shardings, in an order that makes bad input fail
+    before compute. `splits` replaces the task's own data (evaluate/predict on given files);
+    `labels` then gives the label names (from the checkpoint); `model_init` overrides
+    config.model.init (a Hugging Face checkpoint to evaluate as it is)."""
     task = get_task(config.task)
-    check_workdir_config(workdir, config.to_dict())
+    if splits is None:
+        splits = task.load(config, workdir)
+    if labels is not None:
+        fixed = type(task).__dict__.get("labels") or getattr(type(task), "labels", ())
+        if fixed and tuple(fixed) != tuple(labels):
+            raise ValueError(f"the checkpoint's labels {list(labels)} are not task {task.name!r}'s {list(fixed)}")
+        task.labels = tuple(labels)
 
-    # 1. Data: every file parsed and validated before any compute.
-    task.workdir = workdir
-    splits = task.load(config)
-    missing = [s for s in config.eval_splits if s not in splits]
-    if missing:
-        log.info("splits not in the data (held-out files absent), skipped: %s", missing)
-    for needed in (task.train_split, task.validation_split):
-        if needed not in splits:
-            raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
-
-    # 2. Tokenizer and model.
-    tokenizer = load_tokenizer(config.model.get("tokenizer") or config.model.init)
-    model = build_model(config, task, tokenizer)
+    tokenizer = load_tokenizer(config.model.get("tokenizer") or model_init or config.model.init)
+    model = build_model(config, task, tokenizer, init=model_init)
+    check_dropout_streams(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
     encode = task.encoder(config, tokenizer)
@@ -133,27 +190,82 @@ def _run(config, workdir: str) -> dict:
     collate = task.collate(config, tokenizer) or functools.partial(
         pipeline.pad_batch, buckets=buckets, pad_values=task.pad_values(tokenizer))
 
-    # 3. Mesh, shardings, state.
     mesh = mesh_lib.make_mesh(dict(config.mesh.shape))
     rules = tuple(tuple(r) for r in config.mesh.rules)
+    batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    param_shardings = mesh_lib.param_shardings(model, mesh, rules)
+    params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
+    eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
+                        out_shardings=mesh_lib.replicated(mesh))
+    return RunSetup(config=config, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
+                    encode=encode, collate=collate, mesh=mesh, rules=rules, batch_sharding=batch_sharding,
+                    graphdef=graphdef, rest=rest, params=params, param_shardings=param_shardings, eval_step=eval_step)
+
+
+def _run(config, workdir: str) -> dict:
+    setup_logging(workdir)
+    check_workdir_config(workdir, config.to_dict())
+    run = setup(config, workdir)
+    task = run.task
+    missing = [s for s in config.eval_splits if s not in run.splits]
+    if missing:
+        log.info("splits not in the data (held-out files absent), skipped: %s", missing)
+    for needed in (task.train_split, task.validation_split):
+        if needed not in run.splits:
+            raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
+    state, loop, reused = train(run)
+    ckpt = Checkpointer(workdir, keep=int(config.train.get("keep_checkpoints", 2)), async_save=False)
+    try:
+        best_params, _ = ckpt.restore_best(abstract_like(state["params"]))
+    finally:
+        ckpt.close()
+    params = best_params if best_params is not None else state["params"]
+    eval_splits = [s for s in config.eval_splits if s in run.splits]
+    results, records = final_evaluation(run, params, eval_splits, reused=reused)
+    results.update(steps=loop["steps"], best_step=loop["best_step"], stopped_early=loop["stopped_early"],
+                   history=loop["history"])
+    if config.get("export_final", False):
+        # The final parameters: pretraining's export (fine-tunes with model.init).
+        results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
+    if config.get("export_best", False):
+        # The best parameters with real label names: loads in transformers' *For...Classification.
+        results["export_best"] = export(run, params, os.path.join(workdir, "export_best"))
+    write_json(os.path.join(workdir, "results.json"), results)
+    write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+    return results
+
+
+def export(run: RunSetup, params, directory: str) -> str:
+    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer)."""
+    nnx.update(run.model, nnx.State(jax.device_get(params)))
+    if jax.process_index() == 0:
+        run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names)
+    return directory
+
+
+def train(run: RunSetup):
+    """The training loop: returns (final state, loop bookkeeping, the evaluation made at the best
+    step in this process, if any, so the final evaluation need not repeat it)."""
+    config, workdir, task, mesh = run.config, run.workdir, run.task, run.mesh
     pc, pi = jax.process_count(), jax.process_index()
     global_batch = int(config.train.batch_size)
     accumulation = int(config.train.get("accumulation_steps", 1))
     if global_batch % (pc * accumulation):
         raise ValueError(f"train.batch_size {global_batch} must divide by processes x accumulation_steps "
                          f"({pc} x {accumulation})")
-    batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+    batch_sharding = run.batch_sharding
     data_parallel = int(np.prod([mesh.shape[a] for a in batch_sharding.spec[0] or ()])) if batch_sharding.spec else 1
     if (global_batch // accumulation) % data_parallel:
         raise ValueError(f"micro-batch {global_batch // accumulation} must divide by the {data_parallel} data-parallel devices")
 
-    train_source = splits[task.train_split]
+    train_source = run.splits[task.train_split]
     limit = int(config.data.get("max_train_examples", 0))
     if limit > 0:  # the first N examples in file order: quick experiments and overfitting checks
         train_source = pipeline.Subset(train_source, [i for i in range(len(train_source))
                                                       if train_source[i]["idx"] < limit])
-    splits = dict(splits, train=train_source) if task.train_split == "train" else splits
-    eval_splits = [s for s in config.eval_splits if s in splits]
+    if task.train_split == "train":
+        run.splits = dict(run.splits, train=train_source)
     steps_per_epoch = pipeline.steps_per_epoch(len(train_source), global_batch)
     if steps_per_epoch == 0:
         raise ValueError(f"training split has {len(train_source)} examples, fewer than one batch of {global_batch}")
@@ -162,28 +274,23 @@ def _run(config, workdir: str) -> dict:
         total_steps = min(total_steps, int(config.train.max_steps))
     tx, schedule = make_optimizer(config.optimizer, total_steps, steps_per_epoch)
 
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    param_shardings = mesh_lib.param_shardings(model, mesh, rules)
-    params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
+    params, param_shardings = run.params, run.param_shardings
     replicated = mesh_lib.replicated(mesh)
     # Moments follow their parameter's sharding; counts and other scalars are replicated.
     opt_shardings = optax.tree_map_params(
         tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-    state = {"params": params, "opt_state": opt_state,
-             "step": mesh_lib.put_global(np.int32(0), mesh_lib.replicated(mesh))}
+    state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    train_step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=int(config.train.seed),
+    train_step = jax.jit(make_train_step(run.graphdef, run.rest, task, tx, schedule, seed=int(config.train.seed),
                                          accumulation_steps=accumulation),
                          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                          donate_argnums=(0,))
-    eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
-                        out_shardings=replicated)
 
     train_iter = iter(pipeline.train_dataset(
-        train_source, encode, local_batch_size=global_batch // pc, seed=int(config.train.seed),
-        num_epochs=int(config.train.num_epochs), collate=collate, process_index=pi, process_count=pc,
+        train_source, run.encode, local_batch_size=global_batch // pc, seed=int(config.train.seed),
+        num_epochs=int(config.train.num_epochs), collate=run.collate, process_index=pi, process_count=pc,
         workers=int(config.data.get("workers", 0))))
 
     ckpt = Checkpointer(workdir, keep=int(config.train.get("keep_checkpoints", 2)),
@@ -203,22 +310,17 @@ def _run(config, workdir: str) -> dict:
     n_params = sum(x.size for x in jax.tree.leaves(params))
     peak = float(config.train.get("peak_tflops_per_device", 0.0)) * 1e12 * jax.device_count()
     # Training FLOPs per token: 6 x (parameters outside the embedding tables) + attention.
+    model = run.model
     embedding_params = sum(x.size for p, x in nnx.to_flat_state(nnx.state(model.encoder.embeddings, nnx.Param)))
     c = model.config
+    max_len = int(config.data.max_seq_length)
     flops_per_token = 6 * (n_params - embedding_params) + 12 * c.num_hidden_layers * c.hidden_size * max_len
     reporter = Reporter(workdir, total_steps, step, flops_per_token=flops_per_token, peak_flops=peak)
     log.info("task %s | %s %s, %.1fM parameters | mesh %s | %d train examples, %d steps/epoch, %d steps | "
              "batch %d (accumulation %d)", task.name, type(model).__name__, model.config.model_type, n_params / 1e6,
              dict(mesh.shape), len(train_source), steps_per_epoch, total_steps, global_batch, accumulation)
 
-    eval_data: dict[str, _EvalSplit] = {}
-
-    def evaluate(params, split):
-        if split not in eval_data:
-            eval_data[split] = _EvalSplit(splits[split], encode)
-        return _evaluate(task, eval_step, params, eval_data[split], collate, batch_sharding,
-                         int(config.train.get("eval_batch_size", 64)), pc, pi, split)
-
+    best_evaluation = None  # (step, report, records) of the best evaluation made in this process
     pending = []
     with _Preemption() as preemption:
         while step < total_steps and not loop["stopped_early"]:
@@ -234,7 +336,7 @@ def _run(config, workdir: str) -> dict:
                 reporter.train(step, total, step / steps_per_epoch)
                 pending = []
             if step % eval_every == 0 or step == total_steps:
-                result, _ = evaluate(state["params"], task.validation_split)
+                result, records = run.evaluate(state["params"], task.validation_split)
                 metric = result[task.primary_metric]
                 reporter.scalars(step, {f"{task.validation_split}/{task.primary_metric}": metric,
                                         f"{task.validation_split}/loss": result["loss"]})
@@ -242,7 +344,9 @@ def _run(config, workdir: str) -> dict:
                                         task.validation_split: {task.primary_metric: metric, "loss": result["loss"]}})
                 if loop["best_metric"] is None or metric > loop["best_metric"]:
                     loop.update(best_metric=metric, best_step=step, evals_without_improvement=0)
-                    ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric})
+                    ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric,
+                                                           "labels": run.label_names})
+                    best_evaluation = (step, result, records)
                 else:
                     loop["evals_without_improvement"] += 1
                     if patience and loop["evals_without_improvement"] >= patience:
@@ -258,33 +362,142 @@ def _run(config, workdir: str) -> dict:
                 log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
                 raise Preempted(143)
         ckpt.wait()
+    ckpt.close()
+    reporter.close()
+    loop = dict(loop, steps=step)
+    reused = None
+    if best_evaluation is not None and best_evaluation[0] == loop["best_step"]:
+        reused = {task.validation_split: best_evaluation[1:]}
+    return state, loop, reused
 
-        # Final evaluation with the best parameters on every split.
-        best_params, best_info = ckpt.restore_best(abstract_like(state["params"]))
-        params = best_params if best_params is not None else state["params"]
-        results = {"task": task.name, "primary_metric": task.primary_metric, "steps": step,
-                   "best_step": loop["best_step"], "stopped_early": loop["stopped_early"],
-                   "hypothesis_only": bool(config.data.get("hypothesis_only", False)),
-                   "history": loop["history"], "splits": {}}
-        records = []
-        for split in eval_splits:
-            report, split_records = evaluate(params, split)
-            results["splits"][split] = report
-            records.extend(split_records)
-            log.info("final %s: %s %.4f (%d examples)", split, task.primary_metric, report[task.primary_metric],
-                     report["count"])
-    if config.get("export_final", False):
-        # The final parameters as a Hugging Face directory (with the tokenizer): fine-tunes with
-        # finetune.main (model.init) and loads in transformers' PyTorch classes.
-        nnx.update(model, nnx.State(jax.device_get(state["params"])))
-        if jax.process_index() == 0:
-            model.save_pretrained(os.path.join(workdir, "export"), tokenizer=tokenizer)
-        results["export"] = os.path.join(workdir, "export")
+
+def final_evaluation(run: RunSetup, params, splits: list[str], *, reused: dict | None = None):
+    """results.json's task fields and every split's report, and the prediction records, for
+    `params`. `reused`: {split: (report, records)} already computed with these parameters."""
+    task, config = run.task, run.config
+    results = {"task": task.name, "primary_metric": task.primary_metric,
+               "hypothesis_only": bool(config.data.get("hypothesis_only", False)), "splits": {}}
+    records = []
+    for split in splits:
+        report, split_records = (reused or {}).get(split) or run.evaluate(params, split)
+        results["splits"][split] = report
+        records.extend(split_records)
+        log.info("final %s: %s %.4f (%d examples)", split, task.primary_metric, report[task.primary_metric],
+                 report["count"])
+    return results, records
+
+
+def resolve_checkpoint(path: str) -> dict:
+    """A run's workdir (its best parameters, under best/) or a Hugging Face directory."""
+    if not path:
+        raise ValueError("no checkpoint given: a fine-tuning run's workdir or a Hugging Face model directory")
+    if os.path.isdir(os.path.join(path, "best")):
+        config_path = os.path.join(path, CONFIG_FILE)
+        if not os.path.isfile(config_path):
+            raise FileNotFoundError(f"{path} has best/ but no {CONFIG_FILE}: not a complete nli-jax run")
+        with open(config_path, encoding="utf-8") as f:
+            return {"kind": "run", "path": path, "config": json.load(f)}
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return {"kind": "hf", "path": path}
+    raise FileNotFoundError(f"checkpoint {path}: neither a run directory (with best/ and {CONFIG_FILE}) nor a "
+                            "Hugging Face model directory (with config.json)")
+
+
+# What must match between the run that trained a checkpoint and the config that evaluates it.
+_MODEL_KEYS = ("task", "model.", "data.max_seq_length", "data.hypothesis_only", "data.word_alignment")
+
+
+def _checkpoint_setup(config, workdir, checkpoint: str, splits=None, need_labels=False):
+    """RunSetup and parameters for a checkpoint, refusing a config whose model differs."""
+    found = resolve_checkpoint(checkpoint)
+    if found["kind"] == "run":
+        from nli_jax.train.checkpointing import _flatten
+        ours, theirs = _flatten(config.to_dict()), _flatten(found["config"])
+        differing = sorted(k for k in set(ours) | set(theirs) if k.startswith(_MODEL_KEYS) and ours.get(k) != theirs.get(k))
+        if differing:
+            raise ValueError(f"{checkpoint} was trained with a different model or task config: " + "; ".join(
+                f"{k}: {theirs.get(k)!r} (run) vs {ours.get(k)!r} (given)" for k in differing[:10]))
+        info = Checkpointer.read_best_info(checkpoint)
+        if info is None:
+            raise FileNotFoundError(f"{checkpoint}/best holds no saved parameters")
+        labels = info.get("labels")
+        run = setup(config, workdir, splits=splits, labels=labels if splits is not None else None)
+        if labels and run.label_names and list(labels) != run.label_names:
+            raise ValueError(f"{checkpoint} was trained with labels {labels} but the data gives {run.label_names}")
+        ckpt = Checkpointer(checkpoint, async_save=False, create=False)
+        try:
+            params, _ = ckpt.restore_best(abstract_like(run.params))
+        finally:
+            ckpt.close()
+        return run, params
+    labels = _hf_label_names(checkpoint)
+    run = setup(config, workdir, splits=splits, labels=labels if splits is not None else None, model_init=checkpoint)
+    if labels and run.label_names and labels != run.label_names:
+        raise ValueError(f"{checkpoint}: id2label {labels} differs from task {run.task.name!r}'s labels {run.label_names}")
+    if need_labels and not run.label_names:
+        raise ValueError(f"{checkpoint}: its config.json has no label names (id2label) for task {run.task.name!r}")
+    return run, run.params
+
+
+def _hf_label_names(directory: str) -> list[str] | None:
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        id2label = json.load(f).get("id2label") or {}
+    names = [id2label[k] for k in sorted(id2label, key=int)]
+    return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, str] | None = None) -> dict:
+    """Evaluates a run's best parameters (or a Hugging Face checkpoint) on the config's
+    eval_splits and on `files` ({split name: path}, in the task's format, labelled), writing
+    results.json and predictions.jsonl to `workdir` with the same breakdowns as training."""
+    task = get_task(config.task)
+    files = dict(files or {})
+    extra = {}
+    for name, path in files.items():  # every file read and validated before any compute
+        extra[name] = InMemorySource(task.read_file(config, path, labelled=True))
+    splits = None
+    if config.data.get("source") or not files:
+        splits = task.load(config, workdir)
+    splits = {**(splits or {}), **extra}
+    eval_splits = [s for s in config.eval_splits if s in splits and s not in extra] + list(extra)
+    if not eval_splits:
+        raise ValueError(f"nothing to evaluate: none of eval_splits {list(config.eval_splits)} is in the data "
+                         "and no files were given")
+    setup_logging(workdir)
+    run, params = _checkpoint_setup(config, workdir, checkpoint, splits=splits if extra else None)
+    if extra:
+        run.splits = splits
+    results, records = final_evaluation(run, params, eval_splits)
+    results["checkpoint"] = checkpoint
+    results["files"] = files
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
-    reporter.close()
-    ckpt.close()
     return results
+
+
+def export_checkpoint(config, checkpoint: str, output: str) -> str:
+    """A run's best parameters as a Hugging Face directory with label names and tokenizer."""
+    if resolve_checkpoint(checkpoint)["kind"] != "run":
+        raise ValueError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {CONFIG_FILE})")
+    run, params = _checkpoint_setup(config, output, checkpoint, splits={}, need_labels=True)
+    return export(run, params, output)
+
+
+def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str]) -> list[dict]:
+    """Predictions with label names for unlabelled input ({name: path}, the task's file format;
+    gold fields may be absent), written to <output_dir>/predictions.jsonl (split = name)."""
+    if not files:
+        raise ValueError("no input files to predict")
+    task = get_task(config.task)
+    inputs = {name: task.read_file(config, path, labelled=False) for name, path in files.items()}
+    setup_logging(output_dir)
+    run, params = _checkpoint_setup(config, output_dir, checkpoint, splits={}, need_labels=True)
+    records = []
+    for name, examples in inputs.items():
+        records.extend(run.predict(params, examples, name))
+        log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
+    write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
+    return records
 
 
 class _EvalSplit:
@@ -303,7 +516,9 @@ class _EvalSplit:
         return self._encoded[key]
 
 
-def _evaluate(task, eval_step, params, data: _EvalSplit, collate, batch_sharding, local_batch, pc, pi, split):
+def _run_batches(step_fn, params, data: _EvalSplit, collate, batch_sharding, local_batch, pc, pi, split):
+    """Runs `step_fn` over a split in eval batches: (summed metrics or None, per-example outputs
+    merged in file order, the examples in that order)."""
     if getattr(collate, "needs_rng", False):  # a fixed generator per evaluation batch
         random_collate = collate
         collate = lambda rows: random_collate(rows, np.random.default_rng((7919, int(rows[0]["idx"]), pi)))
@@ -312,11 +527,13 @@ def _evaluate(task, eval_step, params, data: _EvalSplit, collate, batch_sharding
     sums, outputs = None, []
     for local in pipeline.eval_batches(examples, data.encode, local_batch_size=local_batch, collate=collate,
                                        dummy=dummy, process_index=pi, process_count=pc):
-        metrics, predictions = eval_step(params, pipeline.to_global(local, batch_sharding))
+        out = step_fn(params, pipeline.to_global(local, batch_sharding))
+        metrics, predictions = out if isinstance(out, tuple) else (None, out)
         # Replicated outputs: every process sees every row; idx maps rows back to examples.
         outputs.append(dict(jax.device_get(predictions)))
-        metrics = jax.device_get(metrics)
-        sums = metrics if sums is None else {k: sums[k] + metrics[k] for k in sums}
+        if metrics is not None:
+            metrics = jax.device_get(metrics)
+            sums = metrics if sums is None else {k: sums[k] + metrics[k] for k in sums}
     # Per-example rows (tag sequences differ in width between batches), in file order.
     rows = [{k: v[i] for k, v in batch.items()} for batch in outputs for i in range(len(batch["idx"]))]
     rows = sorted((r for r in rows if r["idx"] >= 0), key=lambda r: int(r["idx"]))
@@ -324,7 +541,23 @@ def _evaluate(task, eval_step, params, data: _EvalSplit, collate, batch_sharding
     ordered = [by_idx[int(r["idx"])] for r in rows]
     if len(ordered) != len(examples):
         raise RuntimeError(f"{split}: evaluated {len(ordered)} of {len(examples)} examples")
+    return sums, merged, ordered
+
+
+def _local_batch(global_batch: int, pc: int) -> int:
+    """train.eval_batch_size is global, like train.batch_size: each process takes its share."""
+    return max(1, global_batch // pc)
+
+
+def _evaluate(task, eval_step, params, data: _EvalSplit, collate, batch_sharding, eval_batch, pc, pi, split):
+    sums, merged, ordered = _run_batches(eval_step, params, data, collate, batch_sharding, _local_batch(eval_batch, pc),
+                                         pc, pi, split)
     report = task.report(split, ordered, merged)
     report["loss"] = float(sums["loss_sum"]) / max(float(sums["weight"]), 1.0)
     return report, task.prediction_records(split, ordered, merged)
 
+
+def _predict(task, predict_step, params, data: _EvalSplit, collate, batch_sharding, eval_batch, pc, pi, split):
+    _, merged, ordered = _run_batches(predict_step, params, data, collate, batch_sharding,
+                                      _local_batch(eval_batch, pc), pc, pi, split)
+    return task.prediction_records(split, ordered, merged)

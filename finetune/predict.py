@@ -1,0 +1,46 @@
+"""Predictions with label names for unlabelled input, from a fine-tuned run or a Hugging Face
+checkpoint whose config.json names its labels (an nli-jax export).
+
+    python -m finetune.predict --checkpoint=runs/indonli_large --output=preds/ --input=test=/data/test.jsonl
+    python -m finetune.predict --checkpoint=runs/indonlu_large/smsa --output=preds/ \\
+        --input=test=/data/smsa/test_preprocess_masked_label.tsv
+
+Input files are in the task's own format (IndoNLI-style jsonl, the IndoNLU file formats, ...);
+gold fields may be absent or masked. Writes <output>/predictions.jsonl, one line per example:
+split (the input's name), idx, id, prediction (label name or tag list), probabilities.
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from nli_jax.train import cli
+
+config_flags.DEFINE_config_file("config", None, "config file (path[:variant]); default: the run's config.json",
+                                lock_config=True)
+flags.DEFINE_string("checkpoint", None, "a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
+flags.DEFINE_string("output", None, "directory for predictions.jsonl")
+flags.DEFINE_multi_string("input", [], "name=path (or a path, named by its stem) in the task's file format")
+flags.DEFINE_multi_string("override", [], "config assignment key=value, e.g. train.eval_batch_size=128")
+flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
+flags.DEFINE_integer("num_processes", None, "Number of processes.")
+flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["checkpoint", "output"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    if not FLAGS.input:
+        raise app.UsageError("--input=name=path: at least one file to predict")
+    config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
+    cli.init_distributed()
+    from nli_jax.train.loop import predict_files
+    records = predict_files(config, FLAGS.output, FLAGS.checkpoint, cli.parse_files(FLAGS.input))
+    print(f"{len(records)} predictions written to {FLAGS.output}/predictions.jsonl")
+
+
+if __name__ == "__main__":
+    app.run(main)

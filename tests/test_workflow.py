@@ -1,0 +1,172 @@
+"""Evaluate, predict and export without training, through the command lines a researcher runs:
+a finished run's best parameters (or a Hugging Face checkpoint) evaluated on other files with
+the training run's breakdowns, label-named predictions for unlabelled files, and fine-tuned
+exports that transformers loads and that predict what nli-jax predicts."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+FIXTURE = REPO / "nli_jax" / "data" / "fixtures" / "nli_tiny"
+CPU_TEST = "configs/indonli_large.py:cpu_test"
+
+
+def _cli(module, *args, check=True, timeout=600):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def _jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run") / "indonli"
+    _cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={workdir}", "--config.train.num_epochs=3",
+         "--config.export_best=True", f"--config.data.tfds_dir={workdir.parent / 'tfds'}")
+    return workdir
+
+
+def _unlabelled_copy(source, destination):
+    rows = _jsonl(source)
+    with open(destination, "w", encoding="utf-8") as f:
+        for row in rows:
+            row.pop("label")
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return rows
+
+
+def test_evaluate_reproduces_the_runs_final_evaluation_and_adds_files(finished_run, tmp_path):
+    trained = json.loads((finished_run / "results.json").read_text())
+    out = tmp_path / "eval"
+    _cli("finetune.evaluate", f"--checkpoint={finished_run}", f"--workdir={out}",
+         f"--file=val_again={FIXTURE / 'val.jsonl'}")
+    evaluated = json.loads((out / "results.json").read_text())
+
+    def same_report(a, b):  # the loss is a float32 sum whose order may differ
+        assert a.pop("loss") == pytest.approx(b.pop("loss"), rel=1e-5)
+        assert a == b
+    for split in ("validation", "test_lay", "test_expert", "diagnostic"):
+        same_report(dict(evaluated["splits"][split]), dict(trained["splits"][split]))
+    # A file given by path is a split of its own, with the same breakdowns as validation.
+    same_report(dict(evaluated["splits"]["val_again"]), dict(trained["splits"]["validation"]))
+    assert set(evaluated["splits"]["diagnostic"]["by_tag"]) == set(trained["splits"]["diagnostic"]["by_tag"])
+    ours = [r for r in _jsonl(out / "predictions.jsonl") if r["split"] == "validation"]
+    theirs = [r for r in _jsonl(finished_run / "predictions.jsonl") if r["split"] == "validation"]
+    assert ours == theirs
+
+
+def test_predict_labels_unlabelled_input_with_names(finished_run, tmp_path):
+    gold = _unlabelled_copy(FIXTURE / "val.jsonl", tmp_path / "pairs.jsonl")
+    out = tmp_path / "pred"
+    proc = _cli("finetune.predict", f"--checkpoint={finished_run}", f"--output={out}",
+                f"--input=mine={tmp_path / 'pairs.jsonl'}")
+    assert f"{len(gold)} predictions written" in proc.stdout
+    predicted = _jsonl(out / "predictions.jsonl")
+    trained = [r for r in _jsonl(finished_run / "predictions.jsonl") if r["split"] == "validation"]
+    assert [r["split"] for r in predicted] == ["mine"] * len(gold)
+    assert all(r["label"] is None for r in predicted)
+    assert [r["id"] for r in predicted] == [str(g["pair_id"]) for g in gold]
+    assert [r["prediction"] for r in predicted] == [r["prediction"] for r in trained]
+    np.testing.assert_allclose([r["probabilities"] for r in predicted], [r["probabilities"] for r in trained], atol=2e-6)
+
+
+def test_export_loads_in_transformers_and_predicts_the_same(finished_run):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    export = finished_run / "export_best"
+    model = AutoModelForSequenceClassification.from_pretrained(export).eval()
+    assert model.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+    assert model.config.label2id == {"entailment": 0, "neutral": 1, "contradiction": 2}
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    ours = [r for r in _jsonl(finished_run / "predictions.jsonl") if r["split"] == "validation"]
+    rows = _jsonl(FIXTURE / "val.jsonl")
+    batch = tokenizer([r["premise"] for r in rows], [r["hypothesis"] for r in rows], padding=True, truncation=True,
+                      max_length=64, return_tensors="pt")
+    with torch.no_grad():
+        probabilities = torch.softmax(model(**batch).logits, -1).numpy()
+    assert [model.config.id2label[int(i)] for i in probabilities.argmax(-1)] == [r["prediction"] for r in ours]
+    np.testing.assert_allclose(probabilities, [r["probabilities"] for r in ours], atol=1e-5)
+
+
+def test_export_command_writes_the_best_parameters(finished_run, tmp_path):
+    _cli("finetune.export", f"--checkpoint={finished_run}", f"--output={tmp_path / 'hf'}")
+    from safetensors.numpy import load_file
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(finished_run / "export_best" / "model.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"]["2"] == "contradiction"
+
+
+def test_evaluate_and_predict_refuse_bad_input_before_compute(finished_run, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"premise": "Ani makan.", "hypothesis": "Ani lapar."}\n{"premise": "Budi tidur."\n', encoding="utf-8")
+    proc = _cli("finetune.predict", f"--checkpoint={finished_run}", f"--output={tmp_path / 'p'}", f"--input={bad}",
+                check=False)
+    assert proc.returncode != 0 and f"{bad}:2" in proc.stderr
+    assert not (tmp_path / "p" / "predictions.jsonl").exists()
+    # A labelled split with an unknown label names file and line.
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"premise": "Ani makan.", "hypothesis": "Ani lapar.", "label": "maybe"}\n', encoding="utf-8")
+    proc = _cli("finetune.evaluate", f"--checkpoint={finished_run}", f"--workdir={tmp_path / 'e'}",
+                f"--file=x={wrong}", check=False)
+    assert proc.returncode != 0 and f"{wrong}:1" in proc.stderr and "unknown label 'maybe'" in proc.stderr
+    # A config whose model differs from the run's is refused, naming the key.
+    proc = _cli("finetune.evaluate", f"--checkpoint={finished_run}", f"--workdir={tmp_path / 'e2'}",
+                "--override=model.preset=tiny-albert", check=False)
+    assert proc.returncode != 0 and "model.preset" in proc.stderr and "tiny-albert" in proc.stderr
+    # Neither a run nor a Hugging Face directory.
+    proc = _cli("finetune.evaluate", f"--config={CPU_TEST}", f"--checkpoint={tmp_path / 'nowhere'}",
+                f"--workdir={tmp_path / 'e3'}", check=False)
+    assert proc.returncode != 0 and "nowhere" in proc.stderr and "neither a run directory" in proc.stderr
+    # An unknown override key.
+    proc = _cli("finetune.evaluate", f"--checkpoint={finished_run}", f"--workdir={tmp_path / 'e4'}",
+                "--override=train.batchsize=8", check=False)
+    assert proc.returncode != 0 and "train.batchsize" in proc.stderr
+    for name in ("e", "e2", "e4"):
+        assert not (tmp_path / name / "results.json").exists()
+
+
+def _subset(source_dir, destination, counts):
+    destination.mkdir(parents=True, exist_ok=True)
+    for name, n in counts.items():
+        with open(source_dir / name, encoding="utf-8") as f:
+            lines = [next(f) for _ in range(n)]
+        (destination / name).write_text("".join(lines), encoding="utf-8")
+    return destination
+
+
+def test_real_checkpoint_fine_tuned_on_indonli_exports_to_transformers(shared_data, minilm_dir, tmp_path):
+    """A real BERT checkpoint fine-tuned a few steps on real IndoNLI pairs: the export gives
+    transformers' BertForSequenceClassification nli-jax's predictions on the validation pairs."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    data = _subset(shared_data / "indonli", tmp_path / "indonli", {"train.jsonl": 64, "val.jsonl": 96})
+    run = tmp_path / "run"
+    _cli("finetune.main", "--config=configs/indonli_base.py", f"--workdir={run}", f"--config.model.init={minilm_dir}",
+         f"--config.data.source={data}", f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=128",
+         "--config.train.batch_size=16", "--config.train.num_epochs=1", "--config.optimizer.lr=5e-5",
+         "--config.train.async_checkpointing=False", "--config.eval_splits=('validation',)", "--config.export_best=True")
+    model = BertForSequenceClassification.from_pretrained(run / "export_best").eval()
+    assert model.config.id2label[2] == "contradiction"
+    tokenizer = AutoTokenizer.from_pretrained(run / "export_best")
+    rows = _jsonl(data / "val.jsonl")
+    ours = _jsonl(run / "predictions.jsonl")
+    with torch.no_grad():
+        batch = tokenizer([r["premise"] for r in rows], [r["hypothesis"] for r in rows], padding=True,
+                          truncation="longest_first", max_length=128, return_tensors="pt")
+        probabilities = torch.softmax(model(**batch).logits, -1).numpy()
+    assert [model.config.id2label[int(i)] for i in probabilities.argmax(-1)] == [r["prediction"] for r in ours]
+    np.testing.assert_allclose(probabilities, [r["probabilities"] for r in ours], atol=1e-4)
