@@ -27,6 +27,7 @@ setup(
         "tensorflow-datasets>=4.9.10",
         "importlib_resources",  # needed by tfds (etils.epath) for builders defined in packages
         "tensorboardX",
+        "matplotlib",  # nli_jax.analysis plots (Agg backend)
     ],
     extras_require={
         # torch is only needed to read pytorch_model.bin and for parity tests. It is pinned
