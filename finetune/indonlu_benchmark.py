@@ -1,13 +1,20 @@
 """All 12 IndoNLU tasks for one model, reported in the IndoNLU paper's Table 5 layout.
 
     python -m finetune.indonlu_benchmark --model=large --workdir=runs/indonlu_large \\
-        --source=/data/indonlu [--override=train.num_epochs=3 ...] [--tasks=smsa,emot]
+        --source=/data/indonlu [--override=train.num_epochs=3 ...] [--tasks=smsa,emot] [--seeds=1,2,3]
 
-Each task runs `train_and_evaluate` with configs/indonlu.py:task=T,model=M in <workdir>/<task>
-(rerunning resumes / skips finished tasks). Writes <workdir>/table.md and table.csv: F1 x 100
-per task, the classification average (5 tasks) and the sequence-labelling average (7), one row
-per evaluated split; and <workdir>/test_predictions/<task>.csv with the test predictions in
-file order (index, prediction) for the leaderboard.
+Each task runs `train_and_evaluate` with configs/indonlu.py:task=T,model=M in <workdir>/<task>,
+or with --seeds once per seed (train.seed) in <workdir>/<task>/seed_<s>. Writes <workdir>/table.md
+and table.csv: F1 x 100 per task ("mean (std)" over the finished seeds with --seeds), the
+classification average (5 tasks) and the sequence-labelling average (7) (with --seeds: mean (std)
+over seeds of each seed's average), one row per evaluated split; and, without --seeds,
+<workdir>/test_predictions/<task>.csv with the test predictions in file order (index, prediction)
+for the leaderboard (with --seeds each seed's predictions.jsonl stays in its seed directory).
+
+Rerunning skips finished runs (results.json present, same config) and resumes unfinished ones.
+Every task's config (with the overrides) is built before any training, so a bad --override fails
+at once; a run that fails is reported under the table and in the exit status, and the other
+tasks still run (finetune.sweep.run_cell, as the learning-rate sweep does).
 """
 from __future__ import annotations
 
@@ -15,11 +22,12 @@ import ast
 import csv
 import json
 import os
-import time
 
 from absl import app, flags
 
 from configs import indonlu as indonlu_config
+from finetune.sweep import run_cell, with_lr_and_seed
+from nli_jax import tables
 
 flags.DEFINE_string("model", "large", f"one of {sorted(indonlu_config.MODELS)}")
 flags.DEFINE_string("workdir", None, "output directory")
@@ -27,6 +35,7 @@ flags.DEFINE_string("source", "", "IndoNLU dataset root (one folder per task); e
 flags.DEFINE_list("tasks", list(indonlu_config.TASKS), "tasks to run")
 flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (configs/indonlu.py's cpu_test variant)")
 flags.DEFINE_multi_string("override", [], "config overrides key=value, e.g. train.num_epochs=3")
+flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, mean (std) in the table")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -54,38 +63,41 @@ def apply_override(config, assignment: str) -> None:
     node[leaf] = value
 
 
-def table(results: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
+def table(runs: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
+    """runs[task][seed] = that run's results.json (seed None without --seeds); one row per split."""
     header = ["split"] + [NAMES[t] for t in CLASSIFICATION] + ["cls avg"] + [NAMES[t] for t in SEQUENCE] + ["seq avg"]
-    splits = sorted({s for r in results.values() for s in r["splits"]}, key=lambda s: (s != "validation", s))
+    finished = [r for per_seed in runs.values() for r in per_seed.values()]
+    splits = sorted({s for r in finished for s in r["splits"]}, key=lambda s: (s != "validation", s))
+    seeds = sorted({seed for per_seed in runs.values() for seed in per_seed}, key=str)
     rows = []
     for split in splits:
-        def score(task):
-            r = results.get(task, {}).get("splits", {}).get(split)
-            return None if r is None else 100 * r["f1"]
+        def score(task, seed):
+            r = runs.get(task, {}).get(seed, {}).get("splits", {}).get(split)
+            return None if r is None else r["f1"]
 
-        def avg(tasks):
-            values = [score(t) for t in tasks]
-            return None if any(v is None for v in values) else sum(values) / len(values)
-        cells = [score(t) for t in CLASSIFICATION] + [avg(CLASSIFICATION)] + [score(t) for t in SEQUENCE] + [avg(SEQUENCE)]
-        rows.append([split] + ["" if v is None else f"{v:.2f}" for v in cells])
+        def cell(task):
+            return tables.format_mean_std([v for v in (score(task, seed) for seed in seeds) if v is not None])
+
+        def average(tasks):
+            # Each seed's average over the tasks (all of them finished), then mean (std) over seeds.
+            per_seed = [[score(t, seed) for t in tasks] for seed in seeds]
+            return tables.format_mean_std([sum(v) / len(v) for v in per_seed if None not in v])
+        rows.append([split] + [cell(t) for t in CLASSIFICATION] + [average(CLASSIFICATION)]
+                    + [cell(t) for t in SEQUENCE] + [average(SEQUENCE)])
     return header, rows
 
 
-def write_tables(workdir: str, results: dict[str, dict], model: str, seconds: dict[str, float]) -> str:
-    header, rows = table(results)
-    with open(os.path.join(workdir, "table.csv"), "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-    lines = [f"IndoNLU, model `{model}` (F1 x 100; averages over the 5 classification and 7 sequence-labelling tasks)",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "wall time per task (s): " + ", ".join(f"{NAMES[t]} {s:.0f}" for t, s in seconds.items()),
+def write_tables(workdir: str, runs: dict[str, dict], model: str, seconds: dict[str, float],
+                 failures: list[str] = (), seeds=()) -> str:
+    header, rows = table(runs)
+    tables.write_csv(os.path.join(workdir, "table.csv"), header, rows)
+    spread = f", mean (std) over seeds {', '.join(map(str, seeds))}" if seeds else ""
+    title = (f"IndoNLU, model `{model}` (F1 x 100{spread}; averages over the 5 classification and 7 "
+             "sequence-labelling tasks)")
+    notes = [f"failed: {f}" for f in failures]
+    notes += ["wall time per task (s): " + ", ".join(f"{NAMES[t]} {s:.0f}" for t, s in seconds.items()),
               f"total: {sum(seconds.values()):.0f} s"]
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    return text
+    return tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
 
 
 def write_test_predictions(workdir: str, task: str) -> None:
@@ -108,32 +120,56 @@ def write_test_predictions(workdir: str, task: str) -> None:
             w.writerow([r["idx"], prediction])
 
 
-def run(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False) -> str:
-    from nli_jax.train import train_and_evaluate
-    os.makedirs(workdir, exist_ok=True)
-    results, seconds = {}, {}
+def task_configs(model: str, source: str, tasks, overrides=(), cpu_test: bool = False) -> dict:
+    """Every task's config, built before any training so that a bad override fails at once."""
+    configs = {}
     for task in tasks:
         config = indonlu_config.get_config(f"task={task},model={model}" + (",cpu_test" if cpu_test else ""))
         config.data.source = source
         for o in overrides:
             apply_override(config, o)
-        task_dir = os.path.join(workdir, task)
-        done = os.path.join(task_dir, "results.json")
-        start = time.time()
-        if os.path.isfile(done):
-            with open(done, encoding="utf-8") as f:
-                results[task] = json.load(f)
-        else:
-            results[task] = train_and_evaluate(config, task_dir)
-        seconds[task] = time.time() - start
-        write_test_predictions(workdir, task)
-    return write_tables(workdir, results, model, seconds)
+        configs[task] = config
+    return configs
+
+
+def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False,
+                  seeds=()) -> tuple[str, list[str]]:
+    """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
+    configs = task_configs(model, source, tasks, overrides, cpu_test)
+    os.makedirs(workdir, exist_ok=True)
+    runs, seconds, failures = {}, {}, []
+    for task, config in configs.items():
+        runs[task], seconds[task] = {}, 0.0
+        for seed in seeds or [None]:
+            if seed is None:  # the single-run layout: <workdir>/<task>
+                outcome = run_cell(config, os.path.join(workdir, task))
+            else:
+                outcome = run_cell(with_lr_and_seed(config, seed=seed), os.path.join(workdir, task, f"seed_{seed}"))
+            seconds[task] += outcome["seconds"]
+            if "results" in outcome:
+                runs[task][seed] = outcome["results"]
+            else:
+                failures.append(f"{NAMES[task]}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
+        if not seeds:
+            write_test_predictions(workdir, task)
+        write_tables(workdir, runs, model, seconds, failures, seeds)  # readable while the benchmark runs
+    return write_tables(workdir, runs, model, seconds, failures, seeds), failures
+
+
+def run(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False, seeds=()) -> str:
+    return run_benchmark(model, workdir, source, tasks, overrides, cpu_test, seeds)[0]
 
 
 def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
-    print(run(FLAGS.model, FLAGS.workdir, FLAGS.source, FLAGS.tasks, FLAGS.override, FLAGS.cpu_test))
+    seeds = [int(s) for s in FLAGS.seeds]
+    text, failures = run_benchmark(FLAGS.model, FLAGS.workdir, FLAGS.source, FLAGS.tasks, FLAGS.override,
+                                   FLAGS.cpu_test, seeds)
+    print(text)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
