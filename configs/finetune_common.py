@@ -58,7 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.seed = 42
     c.train.batch_size = 16
-    c.train.eval_batch_size = 64
+    c.train.eval_batch_size = 64  # global, like batch_size: each process evaluates its share
     c.train.accumulation_steps = 1
     c.train.num_epochs = 10
     c.train.max_steps = 0  # > 0 caps the run

@@ -7,9 +7,9 @@ Each task runs `train_and_evaluate` with configs/indonlu.py:task=T,model=M in <w
 or with --seeds once per seed (train.seed) in <workdir>/<task>/seed_<s>. Writes <workdir>/table.md
 and table.csv: F1 x 100 per task ("mean (std)" over the finished seeds with --seeds), the
 classification average (5 tasks) and the sequence-labelling average (7) (with --seeds: mean (std)
-over seeds of each seed's average), one row per evaluated split; and, without --seeds,
-<workdir>/test_predictions/<task>.csv with the test predictions in file order (index, prediction)
-for the leaderboard (with --seeds each seed's predictions.jsonl stays in its seed directory).
+over seeds of each seed's average), one row per evaluated split; and, when the source has the
+test files, the leaderboard submission (<workdir>/submission/<task>/pred.txt and <task>.zip, in
+the format of IndoNLP/indonlu's submission_examples; with --seeds, from the first seed).
 
 Rerunning skips finished runs (results.json present, same config) and resumes unfinished ones.
 Every task's config (with the overrides) is built before any training, so a bad --override fails
@@ -19,7 +19,6 @@ tasks still run (finetune.sweep.run_cell, as the learning-rate sweep does).
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import os
 
@@ -100,24 +99,28 @@ def write_tables(workdir: str, runs: dict[str, dict], model: str, seconds: dict[
     return tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
 
 
-def write_test_predictions(workdir: str, task: str) -> None:
-    path = os.path.join(workdir, task, "predictions.jsonl")
-    rows = [json.loads(line) for line in open(path, encoding="utf-8")] if os.path.isfile(path) else []
-    rows = [r for r in rows if r["split"] == "test"]
-    if not rows:
-        return
-    out_dir = os.path.join(workdir, "test_predictions")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{task}.csv"), "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["index", "prediction"])
-        for r in sorted(rows, key=lambda r: r["idx"]):
-            prediction = r["prediction"]
-            if isinstance(prediction, list):
-                prediction = " ".join(prediction)
-            elif isinstance(prediction, dict):
-                prediction = json.dumps(prediction, ensure_ascii=False)
-            w.writerow([r["idx"], prediction])
+def write_submission(workdir: str, tasks, source: str, seeds) -> tuple[list[str], str | None]:
+    """The IndoNLU leaderboard files (<workdir>/submission/<task>/pred.txt and <task>.zip) from the
+    runs' test predictions: (paths, None), or ([], why not). Nothing is written unless every
+    task has test predictions (the test files are optional in data.source)."""
+    from nli_jax import leaderboard
+    seed = seeds[0] if seeds else None
+    with_test = []
+    for task in tasks:
+        try:
+            path = leaderboard.predictions_path(os.path.join(workdir, task), seed)
+        except leaderboard.SubmissionError:
+            continue
+        with open(path, encoding="utf-8") as f:
+            if any(json.loads(line).get("split") == "test" for line in f if line.strip()):
+                with_test.append(task)
+    if not with_test:
+        return [], "no test predictions (no test_preprocess.* files in the source)"
+    try:
+        return leaderboard.indonlu_submission(workdir, os.path.join(workdir, "submission"), tasks=list(tasks),
+                                              source=source or None, seed=seed), None
+    except leaderboard.SubmissionError as e:
+        return [], str(e)
 
 
 def task_configs(model: str, source: str, tasks, overrides=(), cpu_test: bool = False) -> dict:
@@ -150,9 +153,12 @@ def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cp
                 runs[task][seed] = outcome["results"]
             else:
                 failures.append(f"{NAMES[task]}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
-        if not seeds:
-            write_test_predictions(workdir, task)
         write_tables(workdir, runs, model, seconds, failures, seeds)  # readable while the benchmark runs
+    written, why_not = write_submission(workdir, list(configs), source, seeds)
+    if written:
+        print(f"leaderboard submission: {os.path.join(workdir, 'submission')} ({len(written) // 2} tasks)")
+    elif why_not and "no test predictions" not in why_not:
+        failures.append(f"leaderboard submission: {why_not[:300]}")
     return write_tables(workdir, runs, model, seconds, failures, seeds), failures
 
 

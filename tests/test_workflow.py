@@ -170,3 +170,57 @@ def test_real_checkpoint_fine_tuned_on_indonli_exports_to_transformers(shared_da
         probabilities = torch.softmax(model(**batch).logits, -1).numpy()
     assert [model.config.id2label[int(i)] for i in probabilities.argmax(-1)] == [r["prediction"] for r in ours]
     np.testing.assert_allclose(probabilities, [r["probabilities"] for r in ours], atol=1e-4)
+
+
+def _head_lines(source, destination, n, *, sentences=False):
+    """The first n lines (or blank-line separated sentences) of a real file, into tmp."""
+    text = source.read_text(encoding="utf-8")
+    if sentences:
+        blocks = [b for b in text.split("\n\n") if b.strip()][:n]
+        destination.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+        return len(blocks)
+    lines = text.splitlines(keepends=True)[:n]
+    destination.write_text("".join(lines), encoding="utf-8")
+    return len(lines)
+
+
+def test_indonlu_benchmark_writes_the_leaderboard_files_and_predict_matches(shared_data, tmp_path):
+    """SmSA and NERP from real files (validation copied as a stand-in test file: the labelled test
+    files are not shared): the benchmark writes the submission files, and finetune.predict on the
+    same text without labels gives the same predictions."""
+    source = tmp_path / "indonlu"
+    counts = {}
+    for task, folder, ext, sentences in (("smsa", "smsa_doc-sentiment-prosa", "tsv", False),
+                                         ("nerp", "nerp_ner-prosa", "txt", True)):
+        (source / folder).mkdir(parents=True)
+        real = shared_data / "indonlu" / folder
+        _head_lines(real / f"train_preprocess.{ext}", source / folder / f"train_preprocess.{ext}", 160, sentences=sentences)
+        for name in ("valid", "test"):
+            counts[task] = _head_lines(real / f"valid_preprocess.{ext}", source / folder / f"{name}_preprocess.{ext}", 40,
+                                       sentences=sentences)
+    workdir = tmp_path / "bench"
+    proc = _cli("finetune.indonlu_benchmark", "--cpu_test", "--tasks=smsa,nerp", f"--source={source}",
+                f"--workdir={workdir}", f"--override=data.tfds_dir='{tmp_path / 'tfds'}'", "--override=train.max_steps=6")
+    assert "leaderboard submission" in proc.stdout
+    smsa_rows = (workdir / "submission" / "smsa" / "pred.txt").read_text(encoding="utf-8").splitlines()
+    assert smsa_rows[0] == "index,label" and len(smsa_rows) == counts["smsa"] + 1
+    assert [r.split(",")[0] for r in smsa_rows[1:]] == [str(i) for i in range(counts["smsa"])]
+    assert {r.split(",", 1)[1] for r in smsa_rows[1:]} <= {"positive", "neutral", "negative"}
+    nerp_rows = (workdir / "submission" / "nerp" / "pred.txt").read_text(encoding="utf-8").splitlines()
+    assert nerp_rows[0] == "index,label" and len(nerp_rows) == counts["nerp"] + 1
+    assert (workdir / "submission" / "nerp.zip").is_file()
+
+    # Unlabelled input in the task's own format: SmSA text only, NERP one token per line.
+    smsa_text = tmp_path / "smsa_unlabelled.tsv"
+    smsa_text.write_text("".join(line.split("\t")[0] + "\n" for line in
+                                 (source / "smsa_doc-sentiment-prosa" / "test_preprocess.tsv").read_text().splitlines()))
+    nerp_tokens = tmp_path / "nerp_unlabelled.txt"
+    nerp_tokens.write_text("\n".join(line.rsplit("\t", 1)[0] if line.strip() else "" for line in
+                                     (source / "nerp_ner-prosa" / "test_preprocess.txt").read_text().split("\n")))
+    for task, path in (("smsa", smsa_text), ("nerp", nerp_tokens)):
+        _cli("finetune.predict", f"--checkpoint={workdir / task}", f"--output={tmp_path / ('pred_' + task)}",
+             f"--input=test={path}")
+        predicted = _jsonl(tmp_path / f"pred_{task}" / "predictions.jsonl")
+        benchmark = [r for r in _jsonl(workdir / task / "predictions.jsonl") if r["split"] == "test"]
+        assert len(predicted) == counts[task]
+        assert [r["prediction"] for r in predicted] == [r["prediction"] for r in benchmark], task
