@@ -1,13 +1,28 @@
-"""MLM training step (forward, backward, AdamW update): nli-jax vs transformers' PyTorch eager.
+"""MLM training step (forward, backward, clipped AdamW update): nli-jax vs transformers' PyTorch eager.
 
     python benchmarks/mlm_train_step.py                 # BERT-base, batch 8 x seq 128, fp32
-    python benchmarks/mlm_train_step.py --model tiny-bert --steps 3   # smoke run
+    python benchmarks/mlm_train_step.py --model tiny-bert --rounds 1 --steps 1   # smoke run
 
-Both sides run the same shapes, the same masked positions (15% of tokens, at most 20 per
-sequence) and dropout 0.1, in the same process on the same cores. nli-jax computes MLM logits
-only at the masked positions (the BERT recipe); the PyTorch peer is `BertForMaskedLM` called
-with labels as users do (logits everywhere, loss at labelled positions). Rounds alternate
-between the two so machine noise hits both; the median step time of each is reported.
+Sides (--sides):
+  nli-jax              the pretraining loop's own step: nli_jax.train.steps.make_train_step
+                       with the "pretraining" task (nli_jax.tasks.get_task) and
+                       nli_jax.train.optimizers.make_optimizer, state {params, opt_state, step}
+                       placed and jitted as nli_jax.train.loop.train() does (mesh shardings,
+                       the state donated).
+  nli-jax-handwritten  a minimal hand-written jitted step (same model, loss and optimizer, the
+                       model's own dropout RNG state, no metrics): what the loop's step costs
+                       on top of the bare computation.
+  pytorch-eager        transformers' BertForMaskedLM called with labels as users do (logits at
+                       every position, loss at the labelled ones), torch.optim.AdamW,
+                       clip_grad_norm_; torch.set_num_threads(os.cpu_count()).
+
+Every side: the same shapes, the same masked positions (15% of tokens, at most 20 per
+sequence), dropout 0.1, and the optimizer of configs/pretrain (AdamW, decay 0.01 not on biases
+and LayerNorm, eps 1e-6, gradient clipping at global norm 1.0) with a constant lr. nli-jax
+computes MLM logits only at the masked positions (the BERT recipe). After compilation and a
+warm-up step per side, --rounds rounds of --steps timed steps per side run in the same
+process on the same cores, the side that goes first rotating from round to round so that
+machine noise hits all; min / median / max step time per side and the ratio of medians.
 """
 from __future__ import annotations
 
@@ -17,16 +32,27 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from flax import nnx
 
-from nli_jax.losses import masked_lm_loss
-from nli_jax.models import ForMaskedLM, make_rngs, preset
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nli_jax.data import pipeline  # noqa: E402
+from nli_jax.losses import masked_lm_loss  # noqa: E402
+from nli_jax.models import ForMaskedLM, make_rngs, preset  # noqa: E402
+from nli_jax.tasks import get_task  # noqa: E402
+from nli_jax.train import mesh as mesh_lib  # noqa: E402
+from nli_jax.train.optimizers import make_optimizer  # noqa: E402
+from nli_jax.train.steps import check_dropout_streams, make_train_step  # noqa: E402
+
+SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
 
 
 def make_batch(vocab, batch, length, predictions, seed=0):
@@ -42,12 +68,49 @@ def make_batch(vocab, batch, length, predictions, seed=0):
     masked = ids.copy()
     np.put_along_axis(masked, positions[:, :n], 2, axis=1)  # [MASK]
     return dict(input_ids=masked, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids),
-                masked_positions=positions, masked_ids=labels, masked_weights=weights)
+                masked_positions=positions, masked_ids=labels, masked_weights=weights,
+                weight=np.ones((batch,), np.float32))
 
 
-def jax_step_fn(model, lr=1e-4):
+def optimizer_config(lr: float) -> ml_collections.ConfigDict:
+    """configs/pretrain's BERT optimizer block (configs/pretrain/common.py), constant lr."""
+    return ml_collections.ConfigDict(dict(name="adamw", lr=lr, schedule="constant", warmup_steps=0,
+                                          b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, grad_clip=1.0))
+
+
+def loop_step_fn(model, opt_cfg, seed=0):
+    """The step nli_jax.train.loop.train() runs, built and placed the way it builds it."""
+    task = get_task("pretraining")
+    check_dropout_streams(model)
+    mesh = mesh_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+    rules = mesh_lib.DEFAULT_RULES
+    batch_sharding = mesh_lib.batch_sharding(mesh, rules)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optax.adamw(lr, weight_decay=0.01)
+    param_shardings = mesh_lib.param_shardings(model, mesh, rules)
+    params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
+    tx, schedule = make_optimizer(opt_cfg, total_steps=1_000_000, steps_per_epoch=1_000_000)
+    replicated = mesh_lib.replicated(mesh)
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=seed),
+                   in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
+                   donate_argnums=(0,))
+    holder = [state]
+
+    def run(batch):
+        holder[0], metrics = step(holder[0], batch)
+        jax.block_until_ready((holder[0], metrics))
+        return float(metrics["loss_sum"]) / max(float(metrics["weight"]), 1.0)
+    return run, lambda batch: pipeline.to_global(batch, batch_sharding)
+
+
+def handwritten_step_fn(model, opt_cfg):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx, _ = make_optimizer(opt_cfg, total_steps=1_000_000, steps_per_epoch=1_000_000)
     opt_state = tx.init(params)
 
     # Donated state is updated in place: no fresh 94 MB embedding-sized buffers per step.
@@ -70,28 +133,38 @@ def jax_step_fn(model, lr=1e-4):
     def run(batch):
         state[0], state[1], state[2], loss = step(*state, batch)
         return float(loss)  # blocks until the step is done
-    return run
+    return run, lambda batch: jax.tree.map(jnp.asarray, batch)
 
 
-def torch_step_fn(config, lr=1e-4):
+def torch_step_fn(config, opt_cfg):
     import torch
     import transformers
+    torch.set_num_threads(os.cpu_count())
     hf = transformers.BertConfig(**{k: v for k, v in config.to_hf_dict().items() if k != "dtype"})
     model = transformers.BertForMaskedLM(hf).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    # nli_jax.train.optimizers.decay_mask: decay on matrices (kernels, embeddings) only.
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": opt_cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=opt_cfg.lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
 
     def run(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def convert(batch):
         labels = np.full(batch["input_ids"].shape, -100, np.int64)
         for b in range(labels.shape[0]):
             keep = batch["masked_weights"][b] > 0
             labels[b, batch["masked_positions"][b][keep]] = batch["masked_ids"][b][keep]
         inputs = {k: torch.tensor(batch[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
-        loss = model(**inputs, labels=torch.tensor(labels)).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
-    return run, torch
+        return dict(inputs, labels=torch.tensor(labels))
+    return run, convert, torch
 
 
 def main():
@@ -100,26 +173,39 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--predictions", type=int, default=20, help="max_predictions_per_seq")
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not sides or set(sides) - set(SIDES):
+        parser.error(f"--sides: expected some of {', '.join(SIDES)}, got {args.sides!r}")
 
     config = preset(args.model, max_position_embeddings=max(512, args.seq))
+    opt_cfg = optimizer_config(args.lr)
     batch = make_batch(config.vocab_size, args.batch, args.seq, args.predictions)
-    jax_run = jax_step_fn(ForMaskedLM(config, rngs=make_rngs(0)))
-    torch_run, torch = torch_step_fn(config)
-    jbatch = jax.tree.map(jnp.asarray, batch)
+    runners, compile_s, torch = {}, {}, None
+    for name in sides:
+        if name == "nli-jax":
+            run, convert = loop_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), opt_cfg)
+        elif name == "nli-jax-handwritten":
+            run, convert = handwritten_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), opt_cfg)
+        else:
+            run, convert, torch = torch_step_fn(config, opt_cfg)
+        b = convert(batch)
+        t0 = time.perf_counter()
+        run(b)  # nli-jax: compilation; PyTorch: allocator, oneDNN primitives
+        compile_s[name] = time.perf_counter() - t0
+        run(b)  # warm-up
+        runners[name] = (run, b)
 
-    t0 = time.perf_counter()
-    jax_run(jbatch)
-    compile_s = time.perf_counter() - t0
-    torch_run(batch)  # warm-up (allocator, oneDNN primitives)
-    jax_run(jbatch)
-
-    times = {"nli-jax": [], "pytorch-eager": []}
-    for _ in range(args.rounds):
-        for name, run, b in (("nli-jax", jax_run, jbatch), ("pytorch-eager", torch_run, batch)):
+    times = {name: [] for name in sides}
+    for r in range(args.rounds):
+        order = sides[r % len(sides):] + sides[:r % len(sides)]
+        for name in order:
+            run, b = runners[name]
             for _ in range(args.steps):
                 t = time.perf_counter()
                 run(b)
@@ -127,17 +213,39 @@ def main():
 
     tokens = args.batch * args.seq
     result = {"model": args.model, "batch": args.batch, "seq": args.seq, "max_predictions": args.predictions,
+              "optimizer": dict(opt_cfg), "rounds": args.rounds, "steps_per_round": args.steps,
               "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-              "jax": jax.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-              "jax_compile_s": round(compile_s, 1)}
-    for name, ts in times.items():
+              "jax": jax.__version__, "torch": torch.__version__ if torch else None,
+              "torch_threads": torch.get_num_threads() if torch else None,
+              "nli_jax_step": "nli_jax.train.steps.make_train_step, pretraining task, donated state (as loop.train)"}
+    for name in sides:
+        ts = times[name]
         med = statistics.median(ts)
-        result[name] = {"median_step_s": round(med, 3), "tokens_per_s": round(tokens / med, 1), "steps": len(ts)}
-    result["ratio_nli_jax_over_pytorch"] = round(result["nli-jax"]["tokens_per_s"] / result["pytorch-eager"]["tokens_per_s"], 3)
-    print(f"MLM train step, {args.model}, batch {args.batch} x seq {args.seq}, fp32, {os.cpu_count()} cores")
-    for name in times:
-        print(f"  {name:14s} {result[name]['tokens_per_s']:8.1f} tokens/s  (median step {result[name]['median_step_s']:.3f} s)")
-    print(f"  ratio nli-jax / pytorch-eager: {result['ratio_nli_jax_over_pytorch']:.2f}x")
+        result[name] = {"median_step_s": round(med, 4), "min_step_s": round(min(ts), 4), "max_step_s": round(max(ts), 4),
+                        "tokens_per_s": round(tokens / med, 1), "steps": len(ts),
+                        "step_times_s": [round(t, 4) for t in ts]}
+    if "nli-jax" in sides:
+        result["jax_compile_s"] = round(compile_s["nli-jax"], 1)
+    if "nli-jax-handwritten" in sides:
+        result["jax_handwritten_compile_s"] = round(compile_s["nli-jax-handwritten"], 1)
+    print(f"MLM train step, {args.model}, batch {args.batch} x seq {args.seq}, fp32, clipped AdamW, {os.cpu_count()} "
+          f"cores; {args.rounds} rounds x {args.steps} steps per side")
+    print(f"  {'side':20s} {'tokens/s':>9s}   step s: {'min':>7s} {'median':>7s} {'max':>7s}")
+    for name in sides:
+        r = result[name]
+        print(f"  {name:20s} {r['tokens_per_s']:9.1f}           {r['min_step_s']:7.3f} {r['median_step_s']:7.3f} "
+              f"{r['max_step_s']:7.3f}")
+    if "pytorch-eager" in sides:
+        for name, key in (("nli-jax", "ratio_nli_jax_over_pytorch"),
+                          ("nli-jax-handwritten", "ratio_handwritten_over_pytorch")):
+            if name in sides:
+                # tokens/s ratio = ratio of the median step times, PyTorch over nli-jax
+                result[key] = round(result["pytorch-eager"]["median_step_s"] / result[name]["median_step_s"], 3)
+                print(f"  ratio {name} / pytorch-eager (tokens/s, medians): {result[key]:.2f}x")
+    if "nli-jax" in sides and "nli-jax-handwritten" in sides:
+        result["ratio_loop_step_over_handwritten"] = round(
+            result["nli-jax-handwritten"]["median_step_s"] / result["nli-jax"]["median_step_s"], 3)
+        print(f"  ratio nli-jax (loop step) / nli-jax-handwritten: {result['ratio_loop_step_over_handwritten']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

