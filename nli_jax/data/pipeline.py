@@ -141,11 +141,16 @@ def steps_per_epoch(n: int, global_batch_size: int) -> int:
 def eval_batches(source, encode: Callable[[dict], dict], *, local_batch_size: int,
                  collate: Callable[[Sequence[dict]], dict], dummy: dict,
                  process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
-    """Every example once; rows carry `weight` 1, padding rows (copies of `dummy`) weight 0."""
+    """Every example once; rows carry `weight` 1, padding rows (copies of `dummy`) weight 0.
+
+    Rows are batched in order of length (rows carry `idx`, so outputs map back to examples):
+    each batch then pads only to its own longest row's bucket, not to a random long row's."""
     indices = process_shard(len(source), process_index, process_count, drop_remainder=False)
     per_process = -(-len(source) // process_count)
     num_batches = max(1, -(-per_process // local_batch_size))
     rows = [dict(encode(source[i]), weight=np.float32(1.0)) for i in indices]
+    if rows and "input_ids" in rows[0]:
+        rows.sort(key=lambda r: len(r["input_ids"]))
     filler = dict(dummy, weight=np.float32(0.0))
     rows += [filler] * (num_batches * local_batch_size - len(rows))
     for b in range(num_batches):
