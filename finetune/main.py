@@ -7,11 +7,10 @@
 
 Rerunning the same command in the same workdir resumes from the latest checkpoint.
 """
-from absl import app
 
 from nli_jax.train import cli
 
 cli.define_flags()
 
 if __name__ == "__main__":
-    app.run(cli.main)
+    cli.run(cli.main)

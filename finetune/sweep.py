@@ -217,4 +217,5 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    from nli_jax.train import cli
+    cli.run(main)

@@ -8,11 +8,10 @@
 The same loop, checkpointing, exact resume and SIGTERM handling as finetune.main; the final
 model and tokenizer are exported to <workdir>/export (Hugging Face format).
 """
-from absl import app
 
 from nli_jax.train import cli
 
 cli.define_flags()
 
 if __name__ == "__main__":
-    app.run(cli.main)
+    cli.run(cli.main)

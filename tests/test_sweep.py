@@ -120,7 +120,7 @@ def test_a_failed_cell_is_reported_and_the_others_finish(finished_sweep, tmp_pat
     assert [(r[1], r[2]) for r in rows] == [("0.003", "2/2"), ("0.0001", "2/2"), ("0.001", "1/2")]
     single = json.loads((workdir / "lr_0.001" / "seed_1" / "results.json").read_text())
     assert rows[2][3] == f"{100 * single['splits']['validation']['accuracy']:.2f}"  # one seed: no spread
-    assert "failed: lr 0.001 seed 2: ValueError: workdir" in (workdir / "table.md").read_text()
+    assert "failed: lr 0.001 seed 2: WorkdirConfigError: workdir" in (workdir / "table.md").read_text()
 
 
 def test_unknown_config_key_fails_before_any_cell(tmp_path):
@@ -230,7 +230,7 @@ def test_benchmark_seeds_failed_seed_is_reported_not_fatal(shared_data, tmp_path
                  f"data.tfds_dir={tmp_path / 'tfds'}"]
     text, failures = bench.run_benchmark("scratch", str(workdir), str(shared_data / "indonlu"), ["smsa"],
                                          overrides, cpu_test=True, seeds=[1, 2, 3])
-    assert len(failures) == 1 and failures[0].startswith("SmSA seed 3: ValueError")
+    assert len(failures) == 1 and failures[0].startswith("SmSA seed 3: WorkdirConfigError")
     values = [100 * json.loads((workdir / "smsa" / f"seed_{s}" / "results.json").read_text())
               ["splits"]["validation"]["f1"] for s in (1, 2)]
     assert [json.loads((workdir / "smsa" / f"seed_{s}" / "config.json").read_text())["train"]["seed"]

@@ -27,6 +27,8 @@ from nli_jax.models import models as M
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
+# A tokenizer directory needs one of these (tokenizer_config.json alone loads as an empty vocabulary).
+VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", "spiece.model", "sentencepiece.bpe.model", "vocab.json")
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -191,24 +193,43 @@ def _load_torch(file: str) -> dict[str, np.ndarray]:
         raise ImportError(f"{file} is a PyTorch pickle; install torch (pip install 'nli-jax[torch]') "
                           "or convert the checkpoint to safetensors") from e
     # weights_only=True: never unpickle arbitrary objects from a downloaded file.
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    return {k: v.detach().float().numpy() for k, v in state.items()}
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        return {k: v.detach().float().numpy() for k, v in state.items()}
+    except Exception as e:  # truncated or not a state dict
+        raise CheckpointError(f"{file}: unreadable PyTorch weights ({type(e).__name__}: {_first_line(e)}); "
+                              "the file is damaged or incomplete: download or export it again") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
 
 
 def _load_safetensors(file: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     out = {}
-    # The "flax" framework reads bfloat16 too (numpy has no bfloat16).
-    with safe_open(file, framework="flax") as f:
-        for k in f.keys():
-            out[k] = np.asarray(f.get_tensor(k), dtype=np.float32)
+    try:
+        # The "flax" framework reads bfloat16 too (numpy has no bfloat16).
+        with safe_open(file, framework="flax") as f:
+            for k in f.keys():
+                out[k] = np.asarray(f.get_tensor(k), dtype=np.float32)
+    except Exception as e:  # SafetensorError (truncated header or data), OSError
+        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {_first_line(e)}); the file "
+                              "is damaged or incomplete (size {:,} bytes): download or export it again"
+                              .format(os.path.getsize(file))) from None
     return out
 
 
 def read_weights(directory: str) -> dict[str, np.ndarray]:
     def sharded(index_name, loader):
-        with open(os.path.join(directory, index_name), encoding="utf-8") as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        index = os.path.join(directory, index_name)
+        try:
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a shard index with a 'weight_map' ({type(e).__name__}: "
+                                  f"{_first_line(e)})") from None
         out = {}
         for name in files:
             file = os.path.join(directory, name)
@@ -376,16 +397,32 @@ def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None, labe
         config["nli_jax"]["labels"] = list(label_names)  # multi-aspect heads: one softmax over these per aspect
     config["tie_word_embeddings"] = True
     weights = state_dict(model)
-    save_file(weights, os.path.join(path, SAFE_WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
+    written = [os.path.join(path, SAFE_WEIGHTS), os.path.join(path, CONFIG_NAME)]
+    save_file(weights, written[0], metadata={"format": "pt"})
+    with open(written[1], "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     if tokenizer is not None:
+        before = set(os.listdir(path))
         tokenizer.save_pretrained(path)
         vocab = tokenizer.get_vocab()
         if "Bert" in type(tokenizer).__name__ and not os.path.isfile(os.path.join(path, "vocab.txt")):
             # IndoBERT checkpoints ship a WordPiece vocab.txt; transformers v5 writes tokenizer.json only.
             with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
                 f.write("\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
+        written += [os.path.join(path, name) for name in sorted(set(os.listdir(path)) - before)]
+        written += [os.path.join(path, name) for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                                                           "special_tokens_map.json")]
+    ordinary_permissions(written)
+
+
+def ordinary_permissions(paths) -> None:
+    """Mode 0666 less the umask (0644 under the usual 022), as open() gives: some writers
+    (safetensors' save_file, tempfile) create files 0600, unreadable by the group."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in paths:
+        if os.path.isfile(file) and not os.path.islink(file):
+            os.chmod(file, 0o666 & ~umask)
 
 
 def load_tokenizer(path: str):
@@ -398,11 +435,24 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer, BertTokenizerFast
     directory = resolve_directory(path)
     files = set(os.listdir(directory))
+    vocabularies = files & set(VOCABULARY_FILES)
+    if not vocabularies:
+        raise CheckpointError(f"tokenizer directory {directory} has no vocabulary: expected one of "
+                              f"{', '.join(VOCABULARY_FILES)}; found {sorted(files) or 'nothing'}")
     has_sentencepiece = bool(files & {"spiece.model", "sentencepiece.bpe.model", "tokenizer.json"})
-    if "vocab.txt" in files and not has_sentencepiece:
-        tokenizer = BertTokenizerFast.from_pretrained(directory)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+    try:
+        if "vocab.txt" in files and not has_sentencepiece:
+            tokenizer = BertTokenizerFast.from_pretrained(directory)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception as e:  # damaged tokenizer.json / spiece.model, unknown tokenizer class
+        raise CheckpointError(f"tokenizer in {directory} cannot be loaded ({type(e).__name__}: {_first_line(e)}); "
+                              f"its files: {sorted(vocabularies)}") from None
+    special = set(tokenizer.all_special_tokens)
+    ordinary = [t for t in tokenizer.get_vocab() if t not in special]
+    if not ordinary:
+        raise CheckpointError(f"tokenizer in {directory} has only its {len(special)} special tokens and no vocabulary "
+                              f"(files: {sorted(vocabularies)}): every word would be {tokenizer.unk_token}")
     if "vocab.txt" in files:
         with open(os.path.join(directory, "vocab.txt"), encoding="utf-8") as f:
             lines = sum(1 for _ in f)

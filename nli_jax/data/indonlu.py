@@ -15,7 +15,7 @@ import re
 from typing import Callable
 
 from nli_jax.data import records
-from nli_jax.data.readers import DataError, _open_text, read_csv, require_text
+from nli_jax.data.readers import DataError, _open_text, read_csv, read_tsv, require_text, text_lines
 
 BASE_URL = "https://raw.githubusercontent.com/IndoNLP/indonlu/master/dataset/"
 SPLIT_PREFIX = {"train": "train_preprocess", "validation": "valid_preprocess", "test": "test_preprocess"}
@@ -52,7 +52,8 @@ def _single_csv(text_field: str, label_field: str):
 
 def _smsa(path, labelled=True):
     out = []
-    for number, row in read_csv(path, delimiter="\t", header=False, columns=2 if labelled else None):
+    # Plain tab-separated text: a '"' is part of the text (never CSV quoting that merges rows).
+    for number, row in read_tsv(path, columns=2 if labelled else None):
         if labelled:
             text, label = row
             if not text.strip() or not label.strip():
@@ -102,8 +103,7 @@ def _tagging(path, labelled=True):
     """token<TAB>tag lines; a blank line ends a sentence. `line` is the sentence's first line.
     Unlabelled input may also have a bare token per line."""
     out, tokens, tags, start = [], [], [], None
-    for number, line in enumerate(_open_text(path).split("\n"), start=1):
-        line = line.rstrip("\r")
+    for number, line in enumerate(text_lines(_open_text(path)), start=1):
         if not line.strip():
             if tokens:
                 out.append({"line": start, "tokens": tokens, "tags": tags})

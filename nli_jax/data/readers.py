@@ -2,18 +2,43 @@
 
 Rows are validated here, once, before anything is written or trained: a malformed line, a
 missing field, an empty text or an unknown label stops the run with its location.
+
+One reader per file format, each counting rows the way an editor numbers lines ("\n" only):
+JSON lines (one object per non-blank line), JSON arrays, plain tab-separated text (quotes are
+text: one row per non-blank line, never merged) and CSV (standard quoting, strict; a quoted
+field that spans lines is logged with its line range). Every file read through `_open_text` is
+also reported to `recording_reads()`, which the training loop uses to fingerprint its data.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import io
 import json
+import logging
 import os
 from typing import Any, Callable, Iterator
+
+log = logging.getLogger("nli_jax")
 
 
 class DataError(ValueError):
     """A dataset file that cannot be used; the message names the file and line."""
+
+
+_recorders: list[dict] = []
+
+
+@contextlib.contextmanager
+def recording_reads():
+    """{absolute path: "sha256:..."} of every dataset file read inside the block."""
+    record: dict[str, str] = {}
+    _recorders.append(record)
+    try:
+        yield record
+    finally:
+        _recorders.remove(record)
 
 
 def _open_text(path: str) -> str:
@@ -21,16 +46,32 @@ def _open_text(path: str) -> str:
         raise FileNotFoundError(f"dataset file {path} not found")
     with open(path, "rb") as f:
         raw = f.read()
+    if _recorders:
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        for record in _recorders:
+            record[os.path.abspath(path)] = digest
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8 (byte {raw[e.start]:#x} at offset {e.start})") from None
+    nul = raw.find(b"\0")
+    if nul >= 0:  # text files hold no NUL bytes: a damaged (zero-filled) or binary file
+        line = raw[:nul].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: NUL byte at offset {nul} (a damaged or binary file)")
+    return text
+
+
+def text_lines(text: str) -> list[str]:
+    """Lines as editors and `wc -l` number them: split on "\n" only (a trailing "\r" is
+    dropped), never on the other separators str.splitlines() knows (U+2028, \x0c, \x1c, ...),
+    which may occur inside a JSON string or a tweet."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line."""
-    for number, line in enumerate(_open_text(path).splitlines(), start=1):
+    for number, line in enumerate(text_lines(_open_text(path)), start=1):
         if not line.strip():
             continue
         try:
@@ -44,37 +85,101 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
 
 def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
     """A file that is either one JSON array of objects or JSON lines (IndoNLI's diagnostic.jsonl
-    is, despite its name, one array). The position reported is the 1-based record index."""
+    is, despite its name, one array). The position reported is the line where a record starts."""
     text = _open_text(path)
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: malformed JSON array ({e.msg})") from None
-        for index, row in enumerate(rows, start=1):
-            if not isinstance(row, dict):
-                raise DataError(f"{path}: record {index}: expected a JSON object, got {type(row).__name__}")
-            yield index, row
-    else:
+    stripped = text.lstrip()
+    if not stripped.startswith("["):
         yield from read_jsonl(path)
+        return
+    decoder = json.JSONDecoder()
+    line_of = lambda offset: text.count("\n", 0, offset) + 1
+
+    def skip(i):
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        return i
+    position = skip(len(text) - len(stripped) + 1)
+    records = []
+    try:
+        if position < len(text) and text[position] == "]":
+            position += 1
+        else:
+            while True:
+                value, end = decoder.raw_decode(text, position)
+                records.append((line_of(position), value))
+                position = skip(end)
+                if position < len(text) and text[position] == ",":
+                    position = skip(position + 1)
+                    continue
+                if position < len(text) and text[position] == "]":
+                    position += 1
+                    break
+                raise json.JSONDecodeError("expected ',' or ']' after a record", text, position)
+        if text[position:].strip():
+            raise json.JSONDecodeError("extra data after the array", text, skip(position))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: malformed JSON array ({e.msg})") from None
+    for number, row in records:
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
 
 
-def read_csv(path: str, *, delimiter: str = ",", header: bool = True, columns: int | None = None
+def read_tsv(path: str, *, columns: int | None = None, header: bool = False
              ) -> Iterator[tuple[int, list[str] | dict[str, str]]]:
-    """(line number, row) with a column-count check. Rows are dicts when `header`."""
-    reader = csv.reader(io.StringIO(_open_text(path), newline=""), delimiter=delimiter)
+    """Plain tab-separated text (the IndoNLU .tsv files): one row per non-blank line, split on
+    tabs only. Quotes are text, so no row can swallow the next one; the rows yielded are exactly
+    the non-blank lines."""
     names = None
-    for row in reader:
-        number = reader.line_num
-        if not row or all(not c.strip() for c in row):
+    for number, line in enumerate(text_lines(_open_text(path)), start=1):
+        if not line.strip():
             continue
+        row = line.split("\t")
         if header and names is None:
             names = [c.strip() for c in row]
             continue
         expected = len(names) if names else columns
         if expected is not None and len(row) != expected:
-            raise DataError(f"{path}:{number}: expected {expected} columns, got {len(row)}")
+            raise DataError(f"{path}:{number}: expected {expected} columns, got {len(row)} (tab-separated)")
         yield number, (dict(zip(names, row)) if names else row)
+
+
+def read_csv(path: str, *, delimiter: str = ",", header: bool = True, columns: int | None = None
+             ) -> Iterator[tuple[int, list[str] | dict[str, str]]]:
+    """(line number, row) of a CSV file with standard quoting, strict (a stray quote inside a
+    field is an error, never a silent merge) and a column-count check. Rows are dicts when
+    `header`; the line number is the row's first line. A quoted field spanning several lines is
+    legal CSV (and how pandas, the benchmarks' reader, reads it) but is logged, with its lines."""
+    if delimiter == "\t":
+        yield from read_tsv(path, columns=columns, header=header)
+        return
+    reader = csv.reader(io.StringIO(_open_text(path), newline=""), delimiter=delimiter, strict=True)
+    names = None
+    previous_end = 0
+    spanning = []
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise DataError(f"{path}:{previous_end + 1}: malformed CSV ({e})") from None
+        number, previous_end = previous_end + 1, reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        if reader.line_num > number:
+            spanning.append(f"{number}-{reader.line_num}")
+        if header and names is None:
+            names = [c.strip() for c in row]
+            continue
+        expected = len(names) if names else columns
+        if expected is not None and len(row) != expected:
+            lines = f"{number}-{reader.line_num}" if reader.line_num > number else str(number)
+            raise DataError(f"{path}:{lines}: expected {expected} columns, got {len(row)}")
+        yield number, (dict(zip(names, row)) if names else row)
+    if spanning:
+        log.warning("%s: %d row(s) with a quoted field spanning several lines, read as one row each "
+                    "(standard CSV, as pandas reads it): lines %s", path, len(spanning), ", ".join(spanning[:5]))
 
 
 def require_text(path: str, number: int, row: dict, field: str) -> str:

@@ -40,6 +40,9 @@ def download_files(files: dict[str, str], destination: str, required=()) -> str:
         fd, tmp = tempfile.mkstemp(dir=destination)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable by the group like every other file
         os.replace(tmp, target)
     return destination
 

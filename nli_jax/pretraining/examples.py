@@ -98,14 +98,23 @@ def decode_record(record: bytes, dtype) -> tuple[int, np.ndarray, np.ndarray]:
 
 def _documents(path: str):
     doc = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                doc.append(line)
-            elif doc:
-                yield doc
-                doc = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                decoded = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                from nli_jax.data.readers import DataError
+                raise DataError(f"{path}:{number}: not UTF-8 (byte {raw[e.start]:#x} at column {e.start + 1}); "
+                                "prepare the corpus with `python -m pretrain.prepare_corpus`") from None
+            # Universal newlines, as text mode reads them ("\r\n", "\r" and "\n" end a line).
+            decoded = decoded.replace("\r\n", "\n").replace("\r", "\n")
+            for line in (decoded[:-1] if decoded.endswith("\n") else decoded).split("\n"):
+                line = line.strip()
+                if line:
+                    doc.append(line)
+                elif doc:
+                    yield doc
+                    doc = []
     if doc:
         yield doc
 
@@ -177,7 +186,8 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
             words += w
     meta = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
             "dupe_factor": dupe_factor, "seed": seed, "dtype": dtype, "vocab_size": vocab_size, "vocab_dir":
-            os.path.abspath(vocab_dir), "counts": counts, "words": words, "shards": len(jobs)}
+            os.path.abspath(vocab_dir), "counts": counts, "words": words, "shards": len(jobs),
+            "heldout_permille": heldout_permille, "corpus": [os.path.abspath(f) for f in sorted(corpus_files)]}
     with open(os.path.join(output_dir, META), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     return meta

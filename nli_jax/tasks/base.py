@@ -28,6 +28,14 @@ def get_task(name: str) -> "Task":
     return TASKS[name]()
 
 
+def pair_min_length(tokenizer) -> tuple[int, str]:
+    return tokenizer.num_special_tokens_to_add(pair=True) + 2, "a text pair ([CLS] a [SEP] b [SEP])"
+
+
+def single_min_length(tokenizer) -> tuple[int, str]:
+    return tokenizer.num_special_tokens_to_add(pair=False) + 1, "one text ([CLS] a [SEP])"
+
+
 class Task(abc.ABC):
     name: str = ""
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
@@ -46,6 +54,21 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def encoder(self, config, tokenizer) -> Callable[[dict], dict]:
         """example -> dict of numpy features (unpadded token fields)."""
+
+    def possible_splits(self, config) -> set[str] | None:
+        """Every split name the task's data can have (held-out ones included), to refuse a
+        mistyped `eval_splits` entry; None when the task cannot tell."""
+        return None
+
+    def min_seq_length(self, config, tokenizer) -> tuple[int, str]:
+        """(tokens one example needs at the least, what they are): the special tokens of a
+        pair plus one token of each text, unless the task says otherwise."""
+        return pair_min_length(tokenizer)
+
+    def input_files(self, config, workdir: str | None = None) -> list[str]:
+        """Input files the task reads other than through nli_jax.data.readers (which report
+        theirs themselves), for the workdir's fingerprint of its inputs."""
+        return []
 
     def read_file(self, config, path: str, *, labelled: bool = True) -> list[dict]:
         """Examples of one file in the task's own format, for evaluate (labelled) and predict

@@ -21,8 +21,17 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     else:
         enc = tokenizer(text_a, text_b, truncation="longest_first", max_length=max_length)
     ids = np.asarray(enc["input_ids"], np.int32)
+    check_length(len(ids), max_length)
     types = np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+
+
+def check_length(length: int, max_length: int) -> None:
+    """Tokenizers return an untruncated encoding (with a warning) when max_length is shorter
+    than their special tokens: that must never reach the model as if it were truncated."""
+    if length > max_length:
+        raise ValueError(f"an example encodes to {length} tokens, more than data.max_seq_length={max_length}: "
+                         "the tokenizer cannot truncate it that far")
 
 
 class ClassificationTask(Task):
@@ -122,6 +131,7 @@ class TaggingTask(Task):
             covered = word_index[word_index >= 0]
             word_mask[covered[covered < n_words]] = 1.0
             ids = np.asarray(enc["input_ids"], np.int32)
+            check_length(len(ids), max_length)
             return {"input_ids": ids, "attention_mask": np.ones_like(ids),
                     "token_type_ids": np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32),
                     "word_index": word_index, "word_mask": word_mask,

@@ -11,7 +11,7 @@ import numpy as np
 
 from nli_jax.data import indonlu as data
 from nli_jax.metrics import conll_scores, precision_recall_f1
-from nli_jax.tasks.base import register
+from nli_jax.tasks.base import pair_min_length, register, single_min_length
 from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingTask, encode_text
 
 CLASSIFICATION = ("emot", "smsa", "casa", "hoasa", "wrete")
@@ -30,6 +30,14 @@ class _IndoNLUData:
 
     def read_file(self, config, path, *, labelled=True):
         return data.read_file(self.spec, path, labelled=labelled)
+
+    def possible_splits(self, config):
+        return set(data.SPLIT_PREFIX)
+
+    def min_seq_length(self, config, tokenizer):
+        if self.spec.kind in ("pair", "qa"):
+            return pair_min_length(tokenizer)
+        return single_min_length(tokenizer)
 
 
 class SentenceTask(_IndoNLUData, ClassificationTask):

@@ -15,7 +15,8 @@ import numpy as np
 from nli_jax.data import nli as nli_data
 from nli_jax.data.records import InMemorySource
 from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
-from nli_jax.tasks.base import register
+from nli_jax.errors import RunError
+from nli_jax.tasks.base import pair_min_length, register, single_min_length
 from nli_jax.tasks.common import ClassificationTask, encode_text
 
 
@@ -36,6 +37,16 @@ class NLITask(ClassificationTask):
 
     def read_file(self, config, path, *, labelled=True):
         return nli_data.read_file(self.corpus, path, labelled=labelled)
+
+    def possible_splits(self, config):
+        return set(nli_data.CORPORA[self.corpus].splits)
+
+    def min_seq_length(self, config, tokenizer):
+        if config.data.get("hypothesis_only", False):
+            n, _ = single_min_length(tokenizer)
+            return n, "a hypothesis alone ([CLS] h [SEP])"
+        n, _ = pair_min_length(tokenizer)
+        return n, "a premise-hypothesis pair ([CLS] p [SEP] h [SEP])"
 
     def encoder(self, config, tokenizer):
         max_length = int(config.data.max_seq_length)
@@ -89,6 +100,9 @@ class InferESTask(NLITask):
     def __init__(self):
         super().__init__("inferes")
 
+    def possible_splits(self, config):
+        return {"train", "validation", "test", "topic_ood"}
+
     def load(self, config, workdir=None):
         splits = super().load(config)
         train = [splits["train"][i] for i in range(len(splits["train"]))]
@@ -98,7 +112,7 @@ class InferESTask(NLITask):
         if holdout:
             topics = {e["categories"]["topic"] for e in train}
             if holdout not in topics:
-                raise ValueError(f"data.holdout_topic={holdout!r} is not a topic of InferES train ({sorted(topics)})")
+                raise RunError(f"data.holdout_topic={holdout!r} is not a topic of InferES train ({sorted(topics)})")
             ood = [e for e in train if e["categories"]["topic"] == holdout]
             if "test" in splits:
                 ood += [e for e in (splits["test"][i] for i in range(len(splits["test"])))
@@ -129,7 +143,7 @@ class TranslateTrainTask(NLITask):
         indonli = super().load(config)
         source = config.data.get("translate_train_source")
         if not source:
-            raise ValueError("data.translate_train_source: the folder of the extracted translate_train_small.tar.gz")
+            raise RunError("data.translate_train_source: the folder of the extracted translate_train_small.tar.gz")
         mt = nli_data.prepare("indonli_translate_train_small", source, _tfds_dir(config))["train"]
         train = [dict(mt[i], origin="translate_train") for i in range(len(mt))]
         if config.data.get("mix_indonli_train", False):

@@ -8,6 +8,8 @@ sentence loss (mean over pairs). Evaluation on held-out documents: MLM and sente
 from __future__ import annotations
 
 import glob
+import json
+import logging
 import os
 
 import jax
@@ -19,7 +21,32 @@ from nli_jax.losses import masked_lm_loss, weighted_accuracy, weighted_cross_ent
 from nli_jax.models import ForMaskedLM
 from nli_jax.pretraining.examples import ExampleSource, create_examples
 from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
+from nli_jax.errors import RunError
 from nli_jax.tasks.base import Task, register
+
+
+log = logging.getLogger("nli_jax")
+
+
+def _stale_settings(directory: str, config, corpus_files: list[str]) -> list[str]:
+    """Settings that differ between examples built in the workdir and the config ([] if none,
+    or no examples yet). Keys an older examples.json lacks are not compared."""
+    meta_path = os.path.join(directory, "examples.json")
+    if not os.path.isfile(meta_path):
+        return []
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except ValueError:
+        return ["examples.json unreadable"]
+    p = config.pretrain
+    tokenizer = config.model.tokenizer or config.model.init
+    expected = {"max_seq_length": int(config.data.max_seq_length), "short_seq_prob": float(p.short_seq_prob),
+                "sentence_task": p.sentence_task, "dupe_factor": int(p.dupe_factor), "seed": int(p.data_seed),
+                "heldout_permille": int(p.heldout_permille),
+                "vocab_dir": os.path.abspath(tokenizer) if tokenizer else None,
+                "corpus": [os.path.abspath(f) for f in corpus_files]}
+    return [f"{k}: {meta[k]!r} -> {v!r}" for k, v in expected.items() if k in meta and meta[k] != v]
 
 
 class Pretraining(Task):
@@ -35,10 +62,23 @@ class Pretraining(Task):
         directory = p.get("examples_dir") or ""
         if not directory:
             if not workdir:
-                raise ValueError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
+                raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
             directory = os.path.join(workdir, "examples")
+            files = sorted(f for pattern in p.corpus if pattern for f in glob.glob(os.path.expanduser(pattern)))
+            stale = _stale_settings(directory, config, files)
+            if stale:
+                from nli_jax.train.checkpointing import has_trained_state
+                if has_trained_state(workdir):
+                    raise RunError(f"{directory} was built with other settings ({'; '.join(stale)}) and this "
+                                     f"workdir has trained on them: use a new --workdir")
+            if stale and jax.process_index() == 0:
+                # Derived data of an earlier attempt in this workdir (config.json guards a run that
+                # trained): built with other settings, so built again rather than used silently.
+                import shutil
+                log.warning("%s was built with other settings (%s); building the examples again", directory,
+                            "; ".join(stale))
+                shutil.rmtree(directory)
             if not os.path.isfile(os.path.join(directory, "examples.json")):
-                files = sorted(f for pattern in p.corpus for f in glob.glob(os.path.expanduser(pattern)))
                 if not files:
                     raise FileNotFoundError(f"pretrain.corpus matches no files: {list(p.corpus)}")
                 if jax.process_index() == 0:
@@ -53,14 +93,27 @@ class Pretraining(Task):
         train = ExampleSource(directory, "train")
         meta = train.meta
         if meta["max_seq_length"] != int(config.data.max_seq_length):
-            raise ValueError(f"{directory} holds examples of length {meta['max_seq_length']} but data.max_seq_length "
+            raise RunError(f"{directory} holds examples of length {meta['max_seq_length']} but data.max_seq_length "
                              f"is {config.data.max_seq_length}: build the phase's examples with that length")
         if meta["sentence_task"] != p.sentence_task:
-            raise ValueError(f"{directory} was built with sentence_task {meta['sentence_task']!r}, config says "
+            raise RunError(f"{directory} was built with sentence_task {meta['sentence_task']!r}, config says "
                              f"{p.sentence_task!r}")
         heldout = ExampleSource(directory, "heldout")
         limit = min(len(heldout), int(p.heldout_examples))
         return {"train": train, "heldout": Subset(heldout, range(limit))}
+
+    def possible_splits(self, config):
+        return {"train", "heldout"}
+
+    def input_files(self, config, workdir=None):
+        """The prepared corpus when the examples are built in the workdir, else the prebuilt
+        examples' files."""
+        p = config.pretrain
+        if p.get("examples_dir"):
+            directory = p.examples_dir
+            return sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                          if os.path.isfile(os.path.join(directory, f))) if os.path.isdir(directory) else []
+        return sorted(f for pattern in p.corpus if pattern for f in glob.glob(os.path.expanduser(pattern)))
 
     def model_class_and_kwargs(self, config):
         return ForMaskedLM, {"sentence_head": config.pretrain.sentence_task != "none"}

@@ -3,15 +3,45 @@ directory, the latest N kept, plus the best parameters by validation metric kept
 
 A restarted command restores the newest complete checkpoint; orbax never exposes a step whose
 (async) write did not finish, so a SIGKILL mid-save loses at most the steps since the last one.
+A step that was finished but later damaged (a truncated array file, an empty `loop/metadata`,
+a cut `data/process_*.json`) is moved aside to `<workdir>/checkpoints_unreadable/` with one log
+line, and the previous step is restored instead (`restore_latest`); when no step is intact the
+error names the directory. Saving a step that exists already (SIGTERM arriving on a checkpoint
+step) is a no-op.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import time
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+
+from nli_jax.errors import RunError
+
+log = logging.getLogger("nli_jax")
+
+UNREADABLE_DIR = "checkpoints_unreadable"
+
+
+class CheckpointUnreadableError(RunError):
+    """No intact checkpoint to resume from, or unreadable best parameters; names the directory."""
+
+
+class WorkdirConfigError(RunError):
+    """The workdir holds a run of another config (or an unreadable config.json); names the keys."""
+
+
+def _short(error: BaseException) -> str:
+    text = " ".join(str(error).split()).split(" See full TensorStore details")[0]
+    cause = error.__cause__ or error.__context__
+    if cause is not None and len(text) < 80:
+        text += f" <- {type(cause).__name__}: {' '.join(str(cause).split())}"
+    return f"{type(error).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
 
 
 class Checkpointer:
@@ -24,8 +54,11 @@ class Checkpointer:
             item_names=("state", "data", "loop"))
         self.best = ocp.CheckpointManager(
             os.path.join(os.path.abspath(workdir), "best"),
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=create, enable_async_checkpointing=False),
+            # Two: after a resume from an earlier checkpoint, the best step the loop restored
+            # survives one newer best saved before the interruption (see save_best / prune_best).
+            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=False),
             item_names=("params", "info"))
+        self._saved: set[int] = set()
 
     @staticmethod
     def read_best_info(workdir: str) -> dict | None:
@@ -34,7 +67,16 @@ class Checkpointer:
                                      options=ocp.CheckpointManagerOptions(create=False), item_names=("params", "info"))
         try:
             step = best.latest_step()
-            return None if step is None else best.restore(step, args=ocp.args.Composite(info=ocp.args.JsonRestore()))["info"]
+            if step is None:
+                return None
+            try:
+                info = best.restore(step, args=ocp.args.Composite(info=ocp.args.JsonRestore()))["info"]
+                if not isinstance(info, dict):
+                    raise ValueError("not a JSON object")
+            except Exception as e:
+                raise CheckpointUnreadableError(f"{os.path.join(str(best.directory), str(step), 'info')} is "
+                                                f"unreadable ({_short(e)})") from e
+            return info
         finally:
             best.close()
 
@@ -42,10 +84,80 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state, data_iterator, loop: dict, *, force: bool = False) -> bool:
+        """Saves `step` unless it is saved (or being saved) already: a SIGTERM that arrives on
+        a checkpoint step asks for the step that was just written."""
+        if step in self._saved or step in self.manager.all_steps():
+            return False
+        self._saved.add(step)
         return self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
             loop=ocp.args.JsonSave(loop)), force=force)
+
+    def restore_latest(self, abstract_state, data_iterator):
+        """(step, state, loop) of the newest intact checkpoint, or None when there is none.
+
+        A step that cannot be read is logged (one line naming its directory), moved to
+        <workdir>/checkpoints_unreadable/ so that the rerun can write that step again, and the
+        previous step is tried. When every step is unreadable nothing is moved and the error
+        names the directory."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        bad = []
+        for step in steps:
+            try:
+                state, loop = self.restore(step, abstract_state, data_iterator)
+                _check_loop(loop)
+                restored_step = int(jax.device_get(state["step"]))
+                if restored_step != step:
+                    raise ValueError(f"its state holds step {restored_step}")
+            except Exception as e:  # any damage: arrays, metadata, iterator state, loop JSON
+                bad.append((step, e))
+                continue
+            moved = self._set_aside([s for s, _ in bad])
+            for (bad_step, error), target in zip(bad, moved):
+                log.warning("checkpoint %s is unreadable (%s); moved it to %s and resumed from step %d",
+                            os.path.join(self.directory, str(bad_step)), _short(error), target, step)
+            return step, state, loop
+        if bad:
+            details = "; ".join(f"step {s}: {_short(e)}" for s, e in bad)
+            raise CheckpointUnreadableError(
+                f"no intact checkpoint in {self.directory} ({details}). Nothing was changed; to start over, "
+                f"move {self.directory} away (or use a new --workdir)")
+        return None
+
+    def _set_aside(self, steps) -> list[str]:
+        """Moves unreadable steps out of checkpoints/ (so the resumed run can write them again)."""
+        if not steps:
+            return []
+        target_root = os.path.join(os.path.dirname(self.directory), UNREADABLE_DIR)
+        targets = []
+        for step in steps:
+            target = os.path.join(target_root, str(step))
+            if os.path.exists(target):
+                target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
+            targets.append(target)
+        if jax.process_index() == 0:
+            os.makedirs(target_root, exist_ok=True)
+            for step, target in zip(steps, targets):
+                shutil.move(os.path.join(self.directory, str(step)), target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("nli_jax checkpoints set aside")
+        self.manager.reload()
+        return targets
+
+    def _set_aside_best(self, step: int) -> str:
+        target = os.path.join(os.path.dirname(self.directory), UNREADABLE_DIR, f"best-{step}")
+        if os.path.exists(target):
+            target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
+        if jax.process_index() == 0:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(os.path.join(str(self.best.directory), str(step)), target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("nli_jax best set aside")
+        self.best.reload()
+        return target
 
     def restore(self, step: int, abstract_state, data_iterator):
         restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -55,20 +167,64 @@ class Checkpointer:
         return restored["state"], restored["loop"]
 
     def save_best(self, step: int, params, info: dict) -> None:
+        """The best parameters so far. A step saved before an interruption and reached again
+        after the resume is written again (the loop recomputed it), never an error."""
+        if step in self.best.all_steps():
+            self.best.delete(step)
         self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                      info=ocp.args.JsonSave(info)), force=True)
         self.best.wait_until_finished()
 
+    def prune_best(self, keep_step: int | None) -> None:
+        """Leaves only the run's best step in best/ (what evaluate, predict and export read)."""
+        if keep_step is None or keep_step not in self.best.all_steps():
+            return
+        for step in self.best.all_steps():
+            if step != keep_step:
+                self.best.delete(step)
+
     def best_step(self) -> int | None:
         return self.best.latest_step()
 
-    def restore_best(self, abstract_params):
-        step = self.best.latest_step()
+    def restore_best(self, abstract_params, step: int | None = None, abstract_state=None):
+        """(params, info) of `step` (default: the latest best), or (None, None) when none was saved.
+
+        Unreadable best parameters are taken from the same step's regular checkpoint when it is
+        still there and `abstract_state` is given (one log line), and best/ is repaired with them;
+        otherwise the error names the directory."""
         if step is None:
-            return None, None
-        restored = self.best.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params),
-                                                                   info=ocp.args.JsonRestore()))
-        return restored["params"], restored["info"]
+            step = self.best.latest_step()
+            if step is None:
+                return None, None
+        elif step not in self.best.all_steps():
+            raise CheckpointUnreadableError(
+                f"the run's best step {step} has no parameters in {self.best.directory} (it holds steps "
+                f"{sorted(self.best.all_steps())}): start over in a new --workdir")
+        path = os.path.join(str(self.best.directory), str(step))
+        try:
+            restored = self.best.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params), info=ocp.args.JsonRestore()))
+            if not isinstance(restored["info"], dict):
+                raise ValueError("its info is not a JSON object")
+            return restored["params"], restored["info"]
+        except Exception as e:
+            error = e
+        if abstract_state is not None and step in self.manager.all_steps():
+            try:
+                state = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state)))["state"]
+            except Exception:
+                state = None
+            if state is not None:
+                info = {"step": step, "repaired_from": os.path.join(self.directory, str(step))}
+                target = self._set_aside_best(step)
+                log.warning("best parameters %s are unreadable (%s); moved them to %s and took step %d's parameters "
+                            "from %s instead", path, _short(error), target, step, os.path.join(self.directory, str(step)))
+                self.save_best(step, state["params"], info)
+                return state["params"], info
+        raise CheckpointUnreadableError(
+            f"the best parameters in {path} are unreadable ({_short(error)}) and no checkpoint of step {step} is "
+            "left to take them from: start over in a new --workdir (nothing was changed)") from error
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -89,24 +245,70 @@ CONFIG_FILE = "config.json"
 RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "report.")
 
 
-def check_workdir_config(workdir: str, config_dict: dict) -> None:
-    """Refuses to resume or overwrite a workdir written by a different config, naming the keys."""
+def read_workdir_config(workdir: str) -> dict | None:
+    """The config.json of a workdir, or None; an unreadable one is an error naming it."""
     path = os.path.join(workdir, CONFIG_FILE)
-    flat = _flatten(config_dict)
-    if os.path.isfile(path):
+    if not os.path.isfile(path):
+        return None
+    try:
         with open(path, encoding="utf-8") as f:
-            previous = _flatten(json.load(f))
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WorkdirConfigError(f"{path} is unreadable ({_short(e)}): it is not a config nli-jax wrote. Use a new "
+                                 f"--workdir, or delete the old one to start over") from None
+    return config
+
+
+def check_workdir_config(workdir: str, config_dict: dict, *, write: bool = True) -> None:
+    """Refuses to resume or overwrite a workdir written by a different config, naming the keys.
+    With `write`, a new workdir's config.json is written (the training loop writes it itself,
+    with `write_workdir_config`, only once every check before compute has passed)."""
+    previous = read_workdir_config(workdir)
+    if previous is not None:
+        flat, previous = _flatten(config_dict), _flatten(previous)
         differing = sorted(k for k in set(flat) | set(previous)
                            if flat.get(k) != previous.get(k) and not k.startswith(RESUMABLE_CHANGES))
         if differing:
             details = "; ".join(f"{k}: {previous.get(k)!r} -> {flat.get(k)!r}" for k in differing[:20])
-            raise ValueError(f"workdir {workdir} holds a run with a different config ({details}). "
-                             "Use a new --workdir, or delete the old one to start over.")
+            raise WorkdirConfigError(f"workdir {workdir} holds a run with a different config ({details}). "
+                                     "Use a new --workdir, or delete the old one to start over.")
         return
-    if jax.process_index() == 0:
-        os.makedirs(workdir, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(config_dict, f, indent=2, sort_keys=True)
+    if write:
+        write_workdir_config(workdir, config_dict)
+
+
+def write_workdir_config(workdir: str, config_dict: dict) -> None:
+    """config.json, written atomically by process 0 (kept when present: resumable keys may differ)."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if jax.process_index() != 0 or os.path.isfile(path):
+        return
+    os.makedirs(workdir, exist_ok=True)
+    write_json_atomic(path, config_dict)
+
+
+def write_json_atomic(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _check_loop(loop) -> None:
+    """The loop bookkeeping restored with a checkpoint must be the dict the loop saved."""
+    keys = ("best_metric", "best_step", "evals_without_improvement", "stopped_early", "history")
+    if not isinstance(loop, dict) or any(k not in loop for k in keys):
+        raise ValueError(f"loop metadata is not the loop's bookkeeping: {str(loop)[:120]}")
+
+
+def has_trained_state(workdir: str) -> bool:
+    """Whether any step was trained in `workdir` (a checkpoint, best parameters or results)."""
+    for sub in ("checkpoints", "best", UNREADABLE_DIR):
+        d = os.path.join(workdir, sub)
+        if os.path.isdir(d) and any(p.split(".")[0].isdigit() for p in os.listdir(d)):
+            return True
+    return os.path.isfile(os.path.join(workdir, "results.json"))
 
 
 def _flatten(d, prefix=""):

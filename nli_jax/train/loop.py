@@ -1,7 +1,11 @@
 """train_and_evaluate(config, workdir): the one loop behind fine-tuning and pretraining.
 
-Order of work, so that bad input fails before compute: config keys -> workdir config check ->
-dataset files (validated, written as array_record) -> tokenizer -> model -> mesh -> steps.
+Order of work, so that bad input fails before compute and nothing that would block the corrected
+command is written before every check has passed: config values and relations (validation) ->
+workdir config check -> tokenizer and model shape (max_seq_length, vocabulary) -> fingerprint of
+the tokenizer, model.init and task files -> dataset files (validated, written as array_record)
+-> [UNK] rate of the training text -> model -> mesh -> batch and step plan -> fingerprint of the
+data -> config.json and inputs.json written -> steps (resuming from the newest intact checkpoint).
 Each step: train; evaluate on validation every `eval_every_steps` (early stopping, best
 parameters); checkpoint every `checkpoint_every_steps` and on SIGTERM. At the end the best
 parameters are evaluated on every split and written to results.json / predictions.jsonl.
@@ -10,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import signal
 from typing import Any, Callable
@@ -21,19 +24,27 @@ import optax
 from flax import nnx
 
 from nli_jax.checkpoints import load_tokenizer
+from nli_jax.checkpoints.hf import read_config, resolve_directory
 from nli_jax.data import pipeline
+from nli_jax.data.readers import recording_reads
 from nli_jax.models import make_rngs, preset
+from nli_jax.models.config import EncoderConfig
 from nli_jax.tasks import get_task
+from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
+from nli_jax.train import validation
 from nli_jax.data.records import InMemorySource
-from nli_jax.train.checkpointing import CONFIG_FILE, Checkpointer, abstract_like, check_workdir_config
+from nli_jax.train.checkpointing import (CONFIG_FILE, Checkpointer, abstract_like, check_workdir_config,
+                                         has_trained_state, read_workdir_config, write_workdir_config)
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
 from nli_jax.train.steps import check_dropout_streams, make_eval_step, make_train_step
+from nli_jax.train.validation import ConfigValueError
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
     """Runs the config (once, or once per entry of `config.seeds`) and returns results.json."""
+    validation.validate_config(config)
     seeds = list(config.get("seeds") or ())
     if not seeds:
         return _run(config, workdir)
@@ -64,17 +75,80 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     return out
 
 
+def _overrides(config) -> dict:
+    return {k: v for k, v in dict(config.model.get("overrides") or {}).items() if v is not None}
+
+
+def encoder_config_for(config, tokenizer, init: str | None = None) -> tuple[EncoderConfig, str | None]:
+    """(the model's EncoderConfig, its resolved checkpoint directory or None) without building
+    the model: a checkpoint's config.json, or the preset with the tokenizer's vocabulary."""
+    m = config.model
+    init = init or m.get("init")
+    if init:
+        directory = resolve_directory(init)
+        return EncoderConfig.from_hf_dict(read_config(directory), dtype=m.get("dtype", "float32"),
+                                          remat=bool(m.get("remat", False)), **_overrides(config)), directory
+    return preset(m.preset, vocab_size=len(tokenizer), dtype=m.get("dtype", "float32"), remat=bool(m.get("remat", False)),
+                  pad_token_id=tokenizer.pad_token_id, **_overrides(config)), None
+
+
 def build_model(config, task, tokenizer, init: str | None = None):
     cls, head_kwargs = task.model_class_and_kwargs(config)
     m = config.model
-    overrides = {k: v for k, v in dict(m.get("overrides") or {}).items() if v is not None}
     init = init or m.get("init")
     if init:
         return cls.from_pretrained(init, dtype=m.get("dtype", "float32"), remat=bool(m.get("remat", False)),
-                                   seed=int(config.train.seed), config_overrides=overrides, **head_kwargs)
-    encoder_config = preset(m.preset, vocab_size=len(tokenizer), dtype=m.get("dtype", "float32"),
-                            remat=bool(m.get("remat", False)), pad_token_id=tokenizer.pad_token_id, **overrides)
+                                   seed=int(config.train.seed), config_overrides=_overrides(config), **head_kwargs)
+    encoder_config, _ = encoder_config_for(config, tokenizer)
     return cls(encoder_config, rngs=make_rngs(int(config.train.seed)), **head_kwargs)
+
+
+@dataclasses.dataclass
+class ModelInputs:
+    """The task, tokenizer and model shape of a run, checked against each other (no data, no
+    parameters yet)."""
+    task: Any
+    tokenizer: Any
+    tokenizer_dir: str
+    encoder_config: EncoderConfig
+    model_dir: str | None  # model.init's directory (None: built from a preset)
+
+
+def model_inputs(config, model_init: str | None = None) -> ModelInputs:
+    """Task, tokenizer and model shape, with data.max_seq_length and the vocabulary checked
+    against them before any data is read or parameter loaded."""
+    task = get_task(config.task)
+    tokenizer_path = config.model.get("tokenizer") or model_init or config.model.init
+    if not tokenizer_path:
+        raise ConfigValueError("--config.model.tokenizer='': no tokenizer (and no model.init to take one from)")
+    tokenizer_dir = resolve_directory(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    encoder_config, model_dir = encoder_config_for(config, tokenizer, model_init)
+    source = model_init or config.model.get("init") or f"preset {config.model.preset}"
+    validation.check_model_fit(config, task, tokenizer, tokenizer_path, encoder_config, source)
+    if model_dir and os.path.abspath(model_dir) != os.path.abspath(tokenizer_dir):
+        _check_same_vocabulary(tokenizer, tokenizer_path, model_dir)
+    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir)
+
+
+def _check_same_vocabulary(tokenizer, tokenizer_path: str, model_dir: str) -> None:
+    """A tokenizer other than the checkpoint's own must have the same vocabulary: its ids
+    index the checkpoint's embedding rows."""
+    if not set(os.listdir(model_dir)) & set(inputs_lib.TOKENIZER_FILES) - {"tokenizer_config.json",
+                                                                            "special_tokens_map.json"}:
+        return  # the checkpoint ships no tokenizer to compare with
+    try:
+        own = load_tokenizer(model_dir).get_vocab()
+    except Exception as e:  # an unloadable tokenizer of the checkpoint's is not this run's concern
+        log.warning("could not load %s's own tokenizer to compare it with %s (%s)", model_dir, tokenizer_path, e)
+        return
+    given = tokenizer.get_vocab()
+    if own != given:
+        differing = sorted(t for t in set(own) | set(given) if own.get(t) != given.get(t))
+        raise ConfigValueError(
+            f"--config.model.tokenizer={tokenizer_path!r}: its vocabulary differs from the one model.init "
+            f"({model_dir}) was trained with ({len(differing)} of {max(len(own), len(given))} tokens differ, e.g. "
+            f"{differing[:5]}): its token ids would select the wrong embeddings; use the checkpoint's tokenizer")
 
 
 class _Preemption:
@@ -131,6 +205,8 @@ class RunSetup:
     params: dict  # placed by the logical-axis rules
     param_shardings: Any
     eval_step: Callable
+    tokenizer_dir: str | None = None
+    model_dir: str | None = None
     _eval_data: dict = dataclasses.field(default_factory=dict)
     _predict_step: Callable | None = None
 
@@ -163,26 +239,31 @@ class RunSetup:
 
 
 def setup(config, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
-          model_init: str | None = None) -> RunSetup:
+          model_init: str | None = None, checked: ModelInputs | None = None) -> RunSetup:
     """Data, tokenizer, model, mesh and shardings, in an order that makes bad input fail
     before compute. `splits` replaces the task's own data (evaluate/predict on given files);
     `labels` then gives the label names (from the checkpoint); `model_init` overrides
-    config.model.init (a Hugging Face checkpoint to evaluate as it is)."""
-    task = get_task(config.task)
+    config.model.init (a Hugging Face checkpoint to evaluate as it is); `checked`: the
+    result of `model_inputs` when the caller has it already."""
+    checked = checked or model_inputs(config, model_init)
+    task, tokenizer = checked.task, checked.tokenizer
     if splits is None:
         splits = task.load(config, workdir)
     if labels is not None:
         fixed = type(task).__dict__.get("labels") or getattr(type(task), "labels", ())
         if fixed and tuple(fixed) != tuple(labels):
-            raise ValueError(f"the checkpoint's labels {list(labels)} are not task {task.name!r}'s {list(fixed)}")
+            raise validation.RunError(f"the checkpoint's labels {list(labels)} are not task {task.name!r}'s {list(fixed)}")
         task.labels = tuple(labels)
 
-    tokenizer = load_tokenizer(config.model.get("tokenizer") or model_init or config.model.init)
+    encode = task.encoder(config, tokenizer)
+    sample_split = next((s for s in (task.train_split, task.validation_split, *splits) if s in splits), None)
+    if sample_split is not None:
+        validation.check_unknown_rate(tokenizer, config.model.get("tokenizer") or model_init or config.model.init,
+                                      splits[sample_split], encode, sample_split)
     model = build_model(config, task, tokenizer, init=model_init)
     check_dropout_streams(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
-    encode = task.encoder(config, tokenizer)
     max_len = int(config.data.max_seq_length)
     buckets = sorted({int(b) for b in (config.data.get("buckets") or ()) if int(b) <= max_len} | {max_len})
     if config.data.get("pad_to_max_length", False) or jax.process_count() > 1:
@@ -200,24 +281,100 @@ def setup(config, workdir: str, *, splits: dict | None = None, labels: list[str]
                         out_shardings=mesh_lib.replicated(mesh))
     return RunSetup(config=config, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
                     encode=encode, collate=collate, mesh=mesh, rules=rules, batch_sharding=batch_sharding,
-                    graphdef=graphdef, rest=rest, params=params, param_shardings=param_shardings, eval_step=eval_step)
+                    graphdef=graphdef, rest=rest, params=params, param_shardings=param_shardings, eval_step=eval_step,
+                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
+
+
+@dataclasses.dataclass
+class Plan:
+    """The training run's size, from the config and the data: checked before config.json is written."""
+    train_source: Any
+    global_batch: int
+    accumulation: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan_training(run: RunSetup) -> Plan:
+    """Batch against processes, accumulation and data-parallel devices; the training split against
+    one batch; the warmup against the run's steps."""
+    config, task = run.config, run.task
+    pc = jax.process_count()
+    global_batch = int(config.train.batch_size)
+    accumulation = int(config.train.get("accumulation_steps", 1))
+    if global_batch % (pc * accumulation):
+        raise ConfigValueError(f"--config.train.batch_size={global_batch}: must divide by processes x "
+                               f"accumulation_steps ({pc} x {accumulation})")
+    spec = run.batch_sharding.spec
+    data_parallel = int(np.prod([run.mesh.shape[a] for a in spec[0] or ()])) if spec else 1
+    if (global_batch // accumulation) % data_parallel:
+        raise ConfigValueError(f"--config.train.batch_size={global_batch}: the micro-batch "
+                               f"{global_batch // accumulation} must divide by the {data_parallel} data-parallel devices")
+    if task.train_split not in run.splits:
+        raise FileNotFoundError(f"task {task.name}: split {task.train_split!r} not found in the data")
+    train_source = run.splits[task.train_split]
+    limit = int(config.data.get("max_train_examples", 0))
+    if limit > 0:  # the first N examples in file order: quick experiments and overfitting checks
+        train_source = pipeline.Subset(train_source, [i for i in range(len(train_source))
+                                                      if train_source[i]["idx"] < limit])
+    steps_per_epoch = pipeline.steps_per_epoch(len(train_source), global_batch)
+    if steps_per_epoch == 0:
+        raise ConfigValueError(f"--config.train.batch_size={global_batch}: the training split has "
+                               f"{len(train_source)} examples, fewer than one batch")
+    epoch_steps = steps_per_epoch * int(config.train.num_epochs)
+    total_steps = epoch_steps
+    max_steps = int(config.train.get("max_steps", 0))
+    if max_steps > 0:
+        total_steps = min(total_steps, max_steps)
+    warmup = int(config.optimizer.get("warmup_steps", 0))
+    if warmup >= epoch_steps and warmup > 0:
+        raise ConfigValueError(
+            f"--config.optimizer.warmup_steps={warmup}: not shorter than the whole run ({epoch_steps} steps: "
+            f"{config.train.num_epochs} epochs of {steps_per_epoch}); the learning rate would never reach "
+            f"optimizer.lr")
+    if warmup >= total_steps > 0 and warmup > 0:
+        log.warning("train.max_steps=%d stops the run inside the %d warmup steps: the learning rate reaches only "
+                    "%.2g of optimizer.lr", total_steps, warmup, total_steps / warmup)
+    return Plan(train_source=train_source, global_batch=global_batch, accumulation=accumulation,
+                steps_per_epoch=steps_per_epoch, total_steps=total_steps)
 
 
 def _run(config, workdir: str) -> dict:
     setup_logging(workdir)
-    check_workdir_config(workdir, config.to_dict())
-    run = setup(config, workdir)
-    task = run.task
+    # Nothing that would refuse the corrected command (config.json, inputs.json) is written
+    # before every check below has passed.
+    check_workdir_config(workdir, config.to_dict(), write=False)
+    trained = has_trained_state(workdir)
+    if trained and read_workdir_config(workdir) is None:
+        raise validation.RunError(f"workdir {workdir} holds checkpoints or results but no {CONFIG_FILE}: its config "
+                                  "is unknown. Use a new --workdir, or delete the old one to start over.")
+    checked = model_inputs(config)
+    task = checked.task
+    known = inputs_lib.fingerprint(files=task.input_files(config, workdir), tokenizer_dir=checked.tokenizer_dir,
+                                   model_dir=checked.model_dir)
+    inputs_lib.check_inputs(workdir, known, trained=trained)  # before any data is (re)built in the workdir
+    with recording_reads() as data_files:
+        run = setup(config, workdir, checked=checked)
     missing = [s for s in config.eval_splits if s not in run.splits]
     if missing:
         log.info("splits not in the data (held-out files absent), skipped: %s", missing)
     for needed in (task.train_split, task.validation_split):
         if needed not in run.splits:
             raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
-    state, loop, reused = train(run)
+    plan = plan_training(run)
+    current = dict(known, data=dict(sorted(data_files.items())))
+    inputs_lib.check_inputs(workdir, current, trained=trained, parts=("data",))
+    if trained and inputs_lib.read_inputs(workdir) is None:
+        log.info("%s has no %s (written by an older nli-jax): recording this run's inputs from now on", workdir,
+                 inputs_lib.INPUTS_FILE)
+    write_workdir_config(workdir, config.to_dict())
+    inputs_lib.write_inputs(workdir, current)
+    state, loop, reused = train(run, plan)
     ckpt = Checkpointer(workdir, keep=int(config.train.get("keep_checkpoints", 2)), async_save=False)
     try:
-        best_params, _ = ckpt.restore_best(abstract_like(state["params"]))
+        best_params, _ = ckpt.restore_best(abstract_like(state["params"]), step=loop["best_step"],
+                                           abstract_state=abstract_like(state))
+        ckpt.prune_best(loop["best_step"])
     finally:
         ckpt.close()
     params = best_params if best_params is not None else state["params"]
@@ -244,34 +401,18 @@ def export(run: RunSetup, params, directory: str) -> str:
     return directory
 
 
-def train(run: RunSetup):
+def train(run: RunSetup, plan: Plan | None = None):
     """The training loop: returns (final state, loop bookkeeping, the evaluation made at the best
     step in this process, if any, so the final evaluation need not repeat it)."""
     config, workdir, task, mesh = run.config, run.workdir, run.task, run.mesh
     pc, pi = jax.process_count(), jax.process_index()
-    global_batch = int(config.train.batch_size)
-    accumulation = int(config.train.get("accumulation_steps", 1))
-    if global_batch % (pc * accumulation):
-        raise ValueError(f"train.batch_size {global_batch} must divide by processes x accumulation_steps "
-                         f"({pc} x {accumulation})")
+    plan = plan or plan_training(run)
+    global_batch, accumulation = plan.global_batch, plan.accumulation
     batch_sharding = run.batch_sharding
-    data_parallel = int(np.prod([mesh.shape[a] for a in batch_sharding.spec[0] or ()])) if batch_sharding.spec else 1
-    if (global_batch // accumulation) % data_parallel:
-        raise ValueError(f"micro-batch {global_batch // accumulation} must divide by the {data_parallel} data-parallel devices")
-
-    train_source = run.splits[task.train_split]
-    limit = int(config.data.get("max_train_examples", 0))
-    if limit > 0:  # the first N examples in file order: quick experiments and overfitting checks
-        train_source = pipeline.Subset(train_source, [i for i in range(len(train_source))
-                                                      if train_source[i]["idx"] < limit])
+    train_source = plan.train_source
     if task.train_split == "train":
         run.splits = dict(run.splits, train=train_source)
-    steps_per_epoch = pipeline.steps_per_epoch(len(train_source), global_batch)
-    if steps_per_epoch == 0:
-        raise ValueError(f"training split has {len(train_source)} examples, fewer than one batch of {global_batch}")
-    total_steps = steps_per_epoch * int(config.train.num_epochs)
-    if int(config.train.get("max_steps", 0)) > 0:
-        total_steps = min(total_steps, int(config.train.max_steps))
+    steps_per_epoch, total_steps = plan.steps_per_epoch, plan.total_steps
     tx, schedule = make_optimizer(config.optimizer, total_steps, steps_per_epoch)
 
     params, param_shardings = run.params, run.param_shardings
@@ -297,9 +438,13 @@ def train(run: RunSetup):
                         async_save=bool(config.train.get("async_checkpointing", True)))
     loop = {"best_metric": None, "best_step": None, "evals_without_improvement": 0, "stopped_early": False,
             "history": []}
-    latest = ckpt.latest_step()
-    if latest is not None:
-        state, loop = ckpt.restore(latest, abstract_like(state), train_iter)
+    try:
+        restored = ckpt.restore_latest(abstract_like(state), train_iter)
+    except BaseException:
+        ckpt.close()
+        raise
+    if restored is not None:
+        latest, state, loop = restored
         log.info("resumed from %s at step %d", ckpt.directory, latest)
     step = int(jax.device_get(state["step"]))
 
@@ -390,13 +535,12 @@ def final_evaluation(run: RunSetup, params, splits: list[str], *, reused: dict |
 def resolve_checkpoint(path: str) -> dict:
     """A run's workdir (its best parameters, under best/) or a Hugging Face directory."""
     if not path:
-        raise ValueError("no checkpoint given: a fine-tuning run's workdir or a Hugging Face model directory")
+        raise validation.RunError("no checkpoint given: a fine-tuning run's workdir or a Hugging Face model directory")
     if os.path.isdir(os.path.join(path, "best")):
-        config_path = os.path.join(path, CONFIG_FILE)
-        if not os.path.isfile(config_path):
+        config = read_workdir_config(path)
+        if config is None:
             raise FileNotFoundError(f"{path} has best/ but no {CONFIG_FILE}: not a complete nli-jax run")
-        with open(config_path, encoding="utf-8") as f:
-            return {"kind": "run", "path": path, "config": json.load(f)}
+        return {"kind": "run", "path": path, "config": config}
     if os.path.isfile(os.path.join(path, "config.json")):
         return {"kind": "hf", "path": path}
     raise FileNotFoundError(f"checkpoint {path}: neither a run directory (with best/ and {CONFIG_FILE}) nor a "
@@ -415,15 +559,24 @@ def _checkpoint_setup(config, workdir, checkpoint: str, splits=None, need_labels
         ours, theirs = _flatten(config.to_dict()), _flatten(found["config"])
         differing = sorted(k for k in set(ours) | set(theirs) if k.startswith(_MODEL_KEYS) and ours.get(k) != theirs.get(k))
         if differing:
-            raise ValueError(f"{checkpoint} was trained with a different model or task config: " + "; ".join(
+            raise validation.RunError(f"{checkpoint} was trained with a different model or task config: " + "; ".join(
                 f"{k}: {theirs.get(k)!r} (run) vs {ours.get(k)!r} (given)" for k in differing[:10]))
         info = Checkpointer.read_best_info(checkpoint)
         if info is None:
             raise FileNotFoundError(f"{checkpoint}/best holds no saved parameters")
         labels = info.get("labels")
-        run = setup(config, workdir, splits=splits, labels=labels if splits is not None else None)
+        checked = model_inputs(config)
+        recorded = inputs_lib.read_inputs(checkpoint)
+        if recorded is not None:
+            changed = inputs_lib.differences(recorded, inputs_lib.fingerprint(tokenizer_dir=checked.tokenizer_dir),
+                                             parts=("tokenizer",))
+            if changed:
+                raise inputs_lib.InputsChangedError(
+                    f"{checkpoint} was trained with another tokenizer than this config's ({'; '.join(changed[:5])}): "
+                    "its parameters would read the wrong token ids; restore the run's tokenizer files")
+        run = setup(config, workdir, splits=splits, labels=labels if splits is not None else None, checked=checked)
         if labels and run.label_names and list(labels) != run.label_names:
-            raise ValueError(f"{checkpoint} was trained with labels {labels} but the data gives {run.label_names}")
+            raise validation.RunError(f"{checkpoint} was trained with labels {labels} but the data gives {run.label_names}")
         ckpt = Checkpointer(checkpoint, async_save=False, create=False)
         try:
             params, _ = ckpt.restore_best(abstract_like(run.params))
@@ -433,15 +586,14 @@ def _checkpoint_setup(config, workdir, checkpoint: str, splits=None, need_labels
     labels = _hf_label_names(checkpoint)
     run = setup(config, workdir, splits=splits, labels=labels if splits is not None else None, model_init=checkpoint)
     if labels and run.label_names and labels != run.label_names:
-        raise ValueError(f"{checkpoint}: id2label {labels} differs from task {run.task.name!r}'s labels {run.label_names}")
+        raise validation.RunError(f"{checkpoint}: id2label {labels} differs from task {run.task.name!r}'s labels {run.label_names}")
     if need_labels and not run.label_names:
-        raise ValueError(f"{checkpoint}: its config.json has no label names (id2label) for task {run.task.name!r}")
+        raise validation.RunError(f"{checkpoint}: its config.json has no label names (id2label) for task {run.task.name!r}")
     return run, run.params
 
 
 def _hf_label_names(directory: str) -> list[str] | None:
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        id2label = json.load(f).get("id2label") or {}
+    id2label = read_config(directory).get("id2label") or {}
     names = [id2label[k] for k in sorted(id2label, key=int)]
     return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
 
@@ -450,6 +602,7 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
     """Evaluates a run's best parameters (or a Hugging Face checkpoint) on the config's
     eval_splits and on `files` ({split name: path}, in the task's format, labelled), writing
     results.json and predictions.jsonl to `workdir` with the same breakdowns as training."""
+    validation.validate_config(config, training=False)
     task = get_task(config.task)
     files = dict(files or {})
     extra = {}
@@ -461,7 +614,7 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
     splits = {**(splits or {}), **extra}
     eval_splits = [s for s in config.eval_splits if s in splits and s not in extra] + list(extra)
     if not eval_splits:
-        raise ValueError(f"nothing to evaluate: none of eval_splits {list(config.eval_splits)} is in the data "
+        raise validation.RunError(f"nothing to evaluate: none of eval_splits {list(config.eval_splits)} is in the data "
                          "and no files were given")
     setup_logging(workdir)
     run, params = _checkpoint_setup(config, workdir, checkpoint, splits=splits if extra else None)
@@ -477,8 +630,9 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
 
 def export_checkpoint(config, checkpoint: str, output: str) -> str:
     """A run's best parameters as a Hugging Face directory with label names and tokenizer."""
+    validation.validate_config(config, training=False)
     if resolve_checkpoint(checkpoint)["kind"] != "run":
-        raise ValueError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {CONFIG_FILE})")
+        raise validation.RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {CONFIG_FILE})")
     run, params = _checkpoint_setup(config, output, checkpoint, splits={}, need_labels=True)
     return export(run, params, output)
 
@@ -486,8 +640,9 @@ def export_checkpoint(config, checkpoint: str, output: str) -> str:
 def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str]) -> list[dict]:
     """Predictions with label names for unlabelled input ({name: path}, the task's file format;
     gold fields may be absent), written to <output_dir>/predictions.jsonl (split = name)."""
+    validation.validate_config(config, training=False)
     if not files:
-        raise ValueError("no input files to predict")
+        raise validation.RunError("no input files to predict")
     task = get_task(config.task)
     inputs = {name: task.read_file(config, path, labelled=False) for name, path in files.items()}
     setup_logging(output_dir)
