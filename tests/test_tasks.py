@@ -125,6 +125,7 @@ def benchmark_run(shared_data, tmp_path_factory):
     return workdir, text
 
 
+@pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_every_indonlu_task_trains_and_reports_its_metric(benchmark_run):
     workdir, text = benchmark_run
     for task in indonlu_config.TASKS:
@@ -138,6 +139,7 @@ def test_every_indonlu_task_trains_and_reports_its_metric(benchmark_run):
             assert len(validation["by_aspect"]) == len(indonlu.TASKS[task].aspects)
 
 
+@pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_benchmark_table_has_table_5_layout(benchmark_run):
     workdir, text = benchmark_run
     header = (workdir / "table.csv").read_text().splitlines()[0].split(",")
@@ -150,6 +152,7 @@ def test_benchmark_table_has_table_5_layout(benchmark_run):
     assert "| validation |" in text
 
 
+@pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_task_results_match_seqeval_on_written_predictions(benchmark_run):
     from seqeval.metrics import f1_score
     from nli_jax.metrics import conll_scores
@@ -210,6 +213,7 @@ def test_inferes_validation_carved_and_topic_out_of_distribution(shared_data, tm
         assert sum(1 for _ in f) == ood["count"] + validation["count"]
 
 
+@pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_translate_train_trains_on_mt_and_evaluates_on_indonli(shared_data, tmp_path):
     from nli_jax.tasks import get_task
     from nli_jax.train import train_and_evaluate
