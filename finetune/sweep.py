@@ -29,13 +29,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from nli_jax import tables
+from nli_jax import storage, tables
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("finetune.sweep")
@@ -70,7 +69,7 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     from nli_jax.train.checkpointing import check_workdir_config
     start = time.time()
     results_path = os.path.join(workdir, "results.json")
-    if os.path.isfile(results_path):
+    if storage.isfile(results_path):
         try:
             # A finished run of another config is not this command's result.
             check_workdir_config(workdir, config.to_dict())
@@ -79,15 +78,14 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
                 log.error("%s: finished by a different config; stopping before any compute", workdir)
                 raise
             return {"status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": 0.0}
-        with open(results_path, encoding="utf-8") as f:
-            return {"status": "skipped", "results": json.load(f), "seconds": 0.0}
-    created = [d for d in (os.path.dirname(workdir), workdir) if not os.path.exists(d)]
+        return {"status": "skipped", "results": json.loads(storage.read_text(results_path)), "seconds": 0.0}
+    created = [d for d in (os.path.dirname(workdir), workdir) if not storage.exists(d)]
     try:
         results = train_and_evaluate(config, workdir)
     except Exception as e:
-        if canary and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        if canary and not storage.isdir(os.path.join(workdir, "checkpoints")):
             for d in created:  # only config.json and train.log: nothing computed
-                shutil.rmtree(d, ignore_errors=True)
+                storage.rmtree(d)
             log.error("%s failed before its training began; stopping: every cell would fail the same way", workdir)
             raise
         log.exception("%s failed", workdir)
@@ -143,8 +141,7 @@ def write_outputs(workdir: str, summary: dict) -> str:
              f"* = lr selected by mean validation {metric}")
     tables.write_csv(os.path.join(workdir, "table.csv"), header, rows)
     text = tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
-    with open(os.path.join(workdir, "sweep.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
+    storage.write_text(os.path.join(workdir, "sweep.json"), json.dumps(summary, indent=2))
     return text
 
 
@@ -176,11 +173,11 @@ def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
 
 
 def setup_sweep_log(workdir: str) -> None:
-    os.makedirs(workdir, exist_ok=True)
     log.setLevel(logging.INFO)
     log.propagate = False
     fmt = logging.Formatter("%(asctime)s sweep: %(message)s", "%H:%M:%S")
-    for handler in (logging.StreamHandler(), logging.FileHandler(os.path.join(workdir, "sweep.log"))):
+    sweep_log = storage.synced_local_file(os.path.join(workdir, "sweep.log"))  # gs://: uploaded every few seconds
+    for handler in (logging.StreamHandler(), logging.FileHandler(sweep_log)):
         handler.setFormatter(fmt)
         log.addHandler(handler)
 

@@ -74,6 +74,7 @@ from collections.abc import Mapping, Sequence
 
 from nli_jax.data import indonlu as indonlu_data
 from nli_jax.data.nli import NLI_LABELS
+from nli_jax import storage
 from nli_jax.data.readers import DataError, read_jsonl
 
 
@@ -138,17 +139,17 @@ OCNLI_TRAIN_SIZES = ("50k", "30k", "10k", "3k")
 def predictions_path(run: str, seed: int | None = None) -> str:
     """A run directory's predictions.jsonl (or `run` itself when it is a file). With config.seeds
     the predictions are per seed, in <run>/seed_<s>/predictions.jsonl: pass `seed` to choose one."""
-    if os.path.isfile(run):
+    if storage.isfile(run):
         return run
     if seed is not None:
         path = os.path.join(run, f"seed_{seed}", "predictions.jsonl")
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise SubmissionError(f"{path} not found")
         return path
     path = os.path.join(run, "predictions.jsonl")
-    if os.path.isfile(path):
+    if storage.isfile(path):
         return path
-    seeds = sorted(d for d in os.listdir(run) if d.startswith("seed_")) if os.path.isdir(run) else []
+    seeds = [d for d in storage.listdir(run) if d.startswith("seed_")]
     if seeds:
         raise SubmissionError(f"{path} not found; {run} has per-seed runs {seeds}: choose one with seed=")
     raise SubmissionError(f"{path} not found")
@@ -200,10 +201,9 @@ def _check_count(path: str, rows, expected: int | None, origin: str) -> None:
 
 def _results_count(path: str, split: str) -> int | None:
     """splits.<split>.count from the results.json beside predictions.jsonl, if there is one."""
-    results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
+    results = os.path.join(os.path.dirname(storage.resolve(path)), "results.json")
     try:
-        with open(results, encoding="utf-8") as f:
-            count = json.load(f)["splits"][split]["count"]
+        count = json.loads(storage.read_text(results))["splits"][split]["count"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return int(count) if isinstance(count, int) else None
@@ -242,7 +242,7 @@ def _check_indonlu_row(fmt: IndoNLUFormat, path: str, line: int, row: dict, word
 def _test_file_examples(task: str, source: str) -> tuple[str, list[dict]]:
     spec = indonlu_data.TASKS[task]
     path = os.path.join(indonlu_data.task_directory(spec, source), spec.filename("test"))
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise SubmissionError(f"{task}: test file {path} not found (source={source})")
     # Read unlabelled: only the examples and their words are needed, the public test files' gold
     # columns are masked placeholders.
@@ -261,11 +261,7 @@ def _csv_bytes(header: Sequence[str], rows: Sequence[Sequence[str]]) -> bytes:
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    storage.write_bytes(path, data)  # local or gs://, atomic
 
 
 def _zip_bytes(name: str, data: bytes) -> bytes:
@@ -382,8 +378,8 @@ def ocnli_lines(path: str, *, split: str = "test", source: str | None = None,
     """The submission lines (`{"id": 0, "label": "neutral"}`) in test.json order, validated."""
     rows = read_split_rows(path, split)
     if source:
-        test_path = os.path.join(source, "test.json") if os.path.isdir(source) else source
-        if not os.path.isfile(test_path):
+        test_path = os.path.join(source, "test.json") if storage.isdir(source) else source
+        if not storage.isfile(test_path):
             raise SubmissionError(f"OCNLI test file {test_path} not found (source={source})")
         test_rows = list(read_jsonl(test_path))
         _check_count(path, rows, len(test_rows), f"the test file {test_path}")
@@ -420,7 +416,7 @@ def ocnli_submission(run: str, out_path: str, *, train_size: str = "50k", naming
     task files zipped together).
     """
     filename = ocnli_filename(train_size, naming)
-    if os.path.isdir(out_path) or out_path.endswith(("/", os.sep)):
+    if storage.isdir(out_path) or out_path.endswith(("/", os.sep)):
         out_path = os.path.join(out_path, filename)
     data = ("\n".join(ocnli_lines(predictions_path(run, seed), split=split, source=source,
                                   expected_rows=expected_rows)) + "\n").encode("utf-8")

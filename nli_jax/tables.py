@@ -7,10 +7,12 @@ markdown (table.md, to read) and csv (table.csv, to paste into a spreadsheet).
 from __future__ import annotations
 
 import csv
-import os
+import io
 from typing import Sequence
 
 import numpy as np
+
+from nli_jax import storage
 
 
 def mean_std(values: Sequence[float]) -> dict:
@@ -53,14 +55,12 @@ def write_markdown(path: str, header: Sequence[str], rows: Sequence[Sequence[str
 
 
 def write_csv(path: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    _write_text(path, buffer.getvalue())
 
 
 def _write_text(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    storage.write_text(path, text)  # local or gs://, atomic

@@ -4,7 +4,6 @@
         --output_dir=/data/examples128 --max_seq_length=128 --sentence_task=nsp --workers=16
     (phase 2: --max_seq_length=512; ALBERT: --sentence_task=sop)
 """
-import glob
 import json
 
 from absl import app, flags
@@ -23,8 +22,9 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+    from nli_jax import storage
     from nli_jax.pretraining.examples import create_examples
-    files = sorted(f for pattern in FLAGS.corpus for f in (glob.glob(pattern) or [pattern]))
+    files = sorted(f for pattern in FLAGS.corpus for f in (storage.glob(pattern) or [pattern]))  # local or gs://
     meta = create_examples(files, FLAGS.vocab_dir, FLAGS.output_dir, max_seq_length=FLAGS.max_seq_length,
                            short_seq_prob=FLAGS.short_seq_prob, sentence_task=FLAGS.sentence_task,
                            dupe_factor=FLAGS.dupe_factor, seed=FLAGS.seed, workers=FLAGS.workers)

@@ -27,6 +27,7 @@ import re
 import statistics
 from typing import Callable, Iterable, Sequence
 
+from nli_jax import storage
 from nli_jax.data import nli as nli_data
 from nli_jax.data.readers import DataError, read_validated
 
@@ -252,10 +253,10 @@ def load_split(corpus: nli_data.NLICorpus, split: str, path: str) -> list[dict]:
 def read_predictions(path: str) -> list[tuple[int, dict]]:
     """(line number, row) of a run's predictions.jsonl, each row checked for the fields that
     ClassificationTask.prediction_records writes."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(f"predictions file {path} not found")
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with storage.open(path, "r", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -358,11 +359,10 @@ def hypothesis_only_report(joined: dict[str, list[tuple[dict, int]]]) -> dict:
 
 def run_settings(predictions_path: str) -> dict | None:
     """The run's results.json next to its predictions, if any: says whether it was hypothesis-only."""
-    path = os.path.join(os.path.dirname(os.path.abspath(predictions_path)), "results.json")
-    if not os.path.isfile(path):
+    path = os.path.join(os.path.dirname(storage.resolve(predictions_path)), "results.json")
+    if not storage.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        results = json.load(f)
+    results = json.loads(storage.read_text(path))
     return {"task": results.get("task"), "hypothesis_only": results.get("hypothesis_only")}
 
 
@@ -379,7 +379,7 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     hypothesis_only = None
     if predictions:
         joined = join_predictions(predictions, read_predictions(predictions), corpus, source)
-        hypothesis_only = {"file": os.path.abspath(predictions), "run": run_settings(predictions),
+        hypothesis_only = {"file": storage.resolve(predictions), "run": run_settings(predictions),
                            "splits": hypothesis_only_report(joined)}
 
     tokenization = tokenization_for(corpus.name)
@@ -391,7 +391,7 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     lengths = length_by_label([len(h) for _, h in pairs], labels)
 
     report = {
-        "task": task, "corpus": corpus.name, "split": split, "file": os.path.abspath(path),
+        "task": task, "corpus": corpus.name, "split": split, "file": storage.resolve(path),
         "settings": {"tokenization": tokenization, "pmi_smoothing": smoothing, "pmi_min_count": min_count,
                      "pmi_log": "natural", "top_k": top_k},
         "counts": label_counts(labels),
@@ -402,13 +402,10 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     }
     if hypothesis_only is not None:
         report["hypothesis_only"] = hypothesis_only
-    os.makedirs(workdir, exist_ok=True)
     if plots:
         report["plots"] = write_plots(workdir, report, overlap, lengths)
-    with open(os.path.join(workdir, "analysis.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, ensure_ascii=False)
-    with open(os.path.join(workdir, "analysis.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(report))
+    storage.write_text(os.path.join(workdir, "analysis.json"), json.dumps(report, indent=2, ensure_ascii=False))
+    storage.write_text(os.path.join(workdir, "analysis.md"), markdown(report))
     return report
 
 
@@ -558,7 +555,10 @@ def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dic
 
 
 def _save(fig, workdir: str, name: str) -> str:
+    import io
     import matplotlib.pyplot as plt
-    fig.savefig(os.path.join(workdir, name), dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    storage.write_bytes(os.path.join(workdir, name), png.getvalue())  # local or gs://
     return name

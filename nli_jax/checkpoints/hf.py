@@ -11,15 +11,18 @@ heads as their own axis ([embed, heads, kv] and [heads, kv, embed]) for tensor p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 
 import jax
 import numpy as np
 from flax import nnx
 
+from nli_jax import storage
 from nli_jax.models.config import ConfigError, EncoderConfig
 from nli_jax.models import make_rngs
 from nli_jax.models import models as M
@@ -164,6 +167,13 @@ _HEAD_PREFIXES = ("cls.", "predictions.", "lm_head.", "sop_classifier.", "classi
 def resolve_directory(path: str) -> str:
     """A local model directory, or a hub id (`org/name`) downloaded for real users."""
     path = os.fspath(path)
+    if storage.is_remote(path):
+        # transformers and safetensors read local files: one download per process.
+        storage.check_reachable(path, what="model directory")
+        if not storage.isdir(path):
+            raise FileNotFoundError(f"model directory {path!r} does not exist (expected a directory with "
+                                    f"{CONFIG_NAME} and {SAFE_WEIGHTS} or {TORCH_WEIGHTS})")
+        return storage.local_copy(path)
     if os.path.isdir(path):
         return path
     looks_local = path.startswith((".", "/", "~")) or os.sep in path.strip("/").replace("/", "", 1) or os.path.exists(path)
@@ -381,6 +391,12 @@ def save_pretrained(model: M.PretrainedModel, path: str, *, tokenizer=None, labe
     """`label_names`: the classes in output order, written as id2label / label2id (transformers'
     pipelines and model cards show them); LABEL_i without them."""
     from safetensors.numpy import save_file
+    if storage.is_remote(path):  # written locally (safetensors, transformers), then uploaded
+        local = os.path.join(storage.scratch_dir(), "export", hashlib.sha256(path.encode()).hexdigest()[:16])
+        shutil.rmtree(local, ignore_errors=True)
+        save_pretrained(model, local, tokenizer=tokenizer, label_names=label_names)
+        storage.upload(local, path)
+        return
     os.makedirs(path, exist_ok=True)
     architecture = _architecture(model)
     config = model.config.to_hf_dict([architecture])

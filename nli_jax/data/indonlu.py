@@ -14,6 +14,7 @@ import os
 import re
 from typing import Callable
 
+from nli_jax import storage
 from nli_jax.data import records
 from nli_jax.data.readers import DataError, _open_text, read_csv, read_tsv, require_text, text_lines
 
@@ -191,16 +192,17 @@ TASKS: dict[str, IndoNLUTask] = {t.name: t for t in [
 def task_directory(task: IndoNLUTask, source: str) -> str:
     """`source` may be the IndoNLU dataset root (with one folder per task) or the task folder."""
     nested = os.path.join(source, task.folder)
-    return nested if os.path.isdir(nested) else source
+    return nested if storage.isdir(nested) else source
 
 
 def split_files(task: IndoNLUTask, directory: str) -> dict[str, str]:
-    if not os.path.isdir(directory):
+    if not storage.isdir(directory):
         raise FileNotFoundError(f"{task.name}: data directory {directory} does not exist")
     files = {}
+    present = set(storage.listdir(directory))
     for split in SPLIT_PREFIX:
         path = os.path.join(directory, task.filename(split))
-        if os.path.isfile(path):
+        if task.filename(split) in present and storage.isfile(path):
             files[split] = path
         elif split != "test":
             raise FileNotFoundError(f"{task.name}: {path} not found (split {split!r} is required)")
@@ -232,7 +234,7 @@ def load_examples(task: IndoNLUTask, directory: str) -> dict[str, list[dict]]:
 
 def read_file(task: IndoNLUTask, path: str, *, labelled: bool = True) -> list[dict]:
     """One file in the task's format (e.g. a test file, or unlabelled input to predict)."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(f"{task.name}: {path} not found")
     examples = task.parse_file(path, labelled=labelled)
     if not examples:

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import Callable
 
+from nli_jax import storage
 from nli_jax.data import records
 from nli_jax.data.readers import DataError, map_label, read_json_records, read_jsonl, read_validated, require_text
 
@@ -158,12 +159,13 @@ def download_corpus(corpus: NLICorpus, destination: str, base_url: str | None = 
 
 def split_files(corpus: NLICorpus, source: str) -> dict[str, str]:
     """The corpus files present in `source`; a missing required split is an error."""
-    if not os.path.isdir(source):
+    if not storage.isdir(source):
         raise FileNotFoundError(f"{corpus.name}: data directory {source} does not exist")
     files = {}
+    present = set(storage.listdir(source))  # one listing, not a request per file on gs://
     for split, spec in corpus.splits.items():
         path = os.path.join(source, spec.filename)
-        if os.path.isfile(path):
+        if spec.filename in present and storage.isfile(path):
             files[split] = path
         elif spec.required:
             raise FileNotFoundError(f"{corpus.name}: {path} not found (split {split!r} is required)")
@@ -187,7 +189,7 @@ def read_file(corpus_name: str, path: str, *, labelled: bool = True) -> list[dic
     if corpus_name not in CORPORA:
         raise DataError(f"unknown NLI corpus {corpus_name!r}; known: {sorted(CORPORA)}")
     corpus = CORPORA[corpus_name]
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(f"{corpus.name}: {path} not found")
     by_name = {spec.filename: spec.reader for spec in corpus.splits.values()}
     csv_readers = [spec.reader for spec in corpus.splits.values() if spec.filename.endswith(".csv")]

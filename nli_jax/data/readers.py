@@ -17,8 +17,9 @@ import hashlib
 import io
 import json
 import logging
-import os
 from typing import Any, Callable, Iterator
+
+from nli_jax import storage
 
 log = logging.getLogger("nli_jax")
 
@@ -42,14 +43,13 @@ def recording_reads():
 
 
 def _open_text(path: str) -> str:
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(f"dataset file {path} not found")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = storage.read_bytes(path)
     if _recorders:
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         for record in _recorders:
-            record[os.path.abspath(path)] = digest
+            record[storage.resolve(path)] = digest
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

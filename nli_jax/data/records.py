@@ -10,12 +10,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import urllib.request
 
 import numpy as np
 
+from nli_jax import storage
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,9 @@ log = logging.getLogger(__name__)
 def download_files(files: dict[str, str], destination: str, required=()) -> str:
     """{filename: url} into `destination` (atomically; existing files are kept). A missing
     optional file (held-out split) is skipped; a missing required one is an error."""
-    os.makedirs(destination, exist_ok=True)
     for filename, url in files.items():
         target = os.path.join(destination, filename)
-        if os.path.isfile(target):
+        if storage.isfile(target):
             continue
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
@@ -37,13 +36,7 @@ def download_files(files: dict[str, str], destination: str, required=()) -> str:
                                         "data.source instead") from e
             log.info("no %s at %s (%s)", filename, url, e)
             continue
-        fd, tmp = tempfile.mkstemp(dir=destination)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable by the group like every other file
-        os.replace(tmp, target)
+        storage.write_bytes(target, data)  # atomic, mode 0666 less the umask
     return destination
 
 
@@ -56,8 +49,7 @@ def fingerprint(paths) -> str:
     h = hashlib.sha256(RECORD_FORMAT.encode())
     for path in sorted(paths):
         h.update(os.path.basename(path).encode())
-        with open(path, "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
+        h.update(hashlib.sha256(storage.read_bytes(path)).digest())
     return h.hexdigest()[:12]
 
 
@@ -96,13 +88,41 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
     import tensorflow_datasets as tfds
     tfds.disable_progress_bar()
     config = tfds.core.BuilderConfig(name=f"files_{fingerprint(source_files)}", description=description)
-    builder = _builder_class()(dataset_name=name, examples=examples, description=description, config=config,
-                               data_dir=os.path.expanduser(data_dir), file_format="array_record")
+    remote = storage.is_remote(data_dir)
+    # array_record's C++ reader and writer take local files: a gs:// data_dir is a shared cache
+    # of the prepared dataset, built once (by process 0) and copied into each process's scratch.
+    local_dir = (os.path.join(storage.scratch_dir(), "tfds", hashlib.sha256(data_dir.encode()).hexdigest()[:16])
+                 if remote else os.path.expanduser(data_dir))
+
+    def make_builder():  # tfds reads a prepared dataset's info when the builder is made
+        return _builder_class()(dataset_name=name, examples=examples, description=description, config=config,
+                                data_dir=local_dir, file_format="array_record")
+
+    builder = make_builder()
+    local = os.fspath(builder.data_dir)
+    shared = os.path.join(data_dir, os.path.relpath(local, local_dir)) if remote else None
+    marker = "dataset_info.json"  # uploaded last: its presence in the bucket means complete
+
+    def build_once():
+        if remote and storage.isfile(os.path.join(shared, marker)):
+            return
+        builder.download_and_prepare()
+        if remote:
+            for rel in storage.walk_files(local):
+                if rel != marker:
+                    storage.copy(os.path.join(local, rel), os.path.join(shared, rel))
+            storage.copy(os.path.join(local, marker), os.path.join(shared, marker))
+
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         if jax.process_index() == 0:
-            builder.download_and_prepare()
+            build_once()
         multihost_utils.sync_global_devices(f"nli_jax prepare {name} {config.name}")
+    elif remote:
+        build_once()
+    if remote and not os.path.isfile(os.path.join(local, marker)):
+        storage.copytree(shared, local)
+    builder = make_builder()
     builder.download_and_prepare()
     return {split: RecordSource(builder.as_data_source(split=split)) for split in examples}
 

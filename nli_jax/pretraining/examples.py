@@ -23,6 +23,8 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from nli_jax import storage
+
 META = "examples.json"
 
 
@@ -165,17 +167,24 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     processed in parallel; writes examples.json with the settings and counts."""
     if sentence_task not in ("nsp", "sop", "none"):
         raise ValueError(f"sentence_task must be nsp, sop or none, got {sentence_task!r}")
-    missing = [f for f in corpus_files if not os.path.isfile(f)]
+    corpus_files = sorted(corpus_files)
+    missing = [f for f in corpus_files if not storage.isfile(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
-    if not os.path.isfile(os.path.join(vocab_dir, "vocab.txt")):
-        raise FileNotFoundError(f"{vocab_dir}/vocab.txt not found")
-    with open(os.path.join(vocab_dir, "vocab.txt"), encoding="utf-8") as f:
+    if not storage.isfile(os.path.join(vocab_dir, "vocab.txt")):
+        raise FileNotFoundError(f"{storage.origin(vocab_dir)}/vocab.txt not found")
+    # The tokenizer and array_record's writer take local files: gs:// inputs are downloaded to
+    # this process's scratch, and a gs:// output_dir is built there and uploaded.
+    local_vocab = storage.local_copy(vocab_dir)
+    with open(os.path.join(local_vocab, "vocab.txt"), encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
     dtype = "uint16" if vocab_size < 65535 else "int32"
-    os.makedirs(output_dir, exist_ok=True)
-    jobs = [(i, p, vocab_dir, output_dir, max_seq_length, short_seq_prob, sentence_task, dupe_factor, seed,
-             heldout_permille, dtype) for i, p in enumerate(sorted(corpus_files))]
+    remote_out = storage.is_remote(output_dir)
+    local_out = (os.path.join(storage.scratch_dir(), "examples", hashlib.sha256(output_dir.encode()).hexdigest()[:16])
+                 if remote_out else output_dir)
+    os.makedirs(local_out, exist_ok=True)
+    jobs = [(i, storage.local_copy(p), local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task,
+             dupe_factor, seed, heldout_permille, dtype) for i, p in enumerate(corpus_files)]
     from tqdm import tqdm
     counts = {"train": 0, "heldout": 0}
     words = 0
@@ -186,10 +195,14 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
             words += w
     meta = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
             "dupe_factor": dupe_factor, "seed": seed, "dtype": dtype, "vocab_size": vocab_size, "vocab_dir":
-            os.path.abspath(vocab_dir), "counts": counts, "words": words, "shards": len(jobs),
-            "heldout_permille": heldout_permille, "corpus": [os.path.abspath(f) for f in sorted(corpus_files)]}
-    with open(os.path.join(output_dir, META), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
+            storage.origin(vocab_dir), "counts": counts, "words": words, "shards": len(jobs),
+            "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files]}
+    if remote_out:
+        for name in sorted(os.listdir(local_out)):
+            if name.endswith(".array_record"):
+                storage.copy(os.path.join(local_out, name), os.path.join(output_dir, name))
+    # examples.json last: it marks a complete directory.
+    storage.write_text(os.path.join(output_dir, META), json.dumps(meta, indent=2))
     return meta
 
 
@@ -202,14 +215,15 @@ class ExampleSource:
 
     def __init__(self, directory: str, split: str):
         meta_path = os.path.join(directory, META)
-        if not os.path.isfile(meta_path):
+        if not storage.isfile(meta_path):
             raise FileNotFoundError(f"{meta_path} not found: run `python -m pretrain.create_examples` first")
-        with open(meta_path, encoding="utf-8") as f:
-            self.meta = json.load(f)
-        self.files = sorted(os.path.join(directory, p) for p in os.listdir(directory)
-                            if p.startswith(split + "-") and p.endswith(".array_record"))
-        if not self.files:
+        self.meta = json.loads(storage.read_text(meta_path))
+        names = [p for p in storage.listdir(directory) if p.startswith(split + "-") and p.endswith(".array_record")]
+        if not names:
             raise FileNotFoundError(f"no {split}-*.array_record shards in {directory}")
+        # array_record's C++ reader takes local files: a gs:// directory is downloaded once per process.
+        local = storage.local_copy(directory)
+        self.files = [os.path.join(local, p) for p in names]
         self._dtype = np.dtype(self.meta["dtype"])
         self._readers = None
         self._lock = threading.Lock()  # grain's prefetch threads read concurrently

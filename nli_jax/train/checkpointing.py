@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 
+from nli_jax import storage
 from nli_jax.errors import RunError
 
 log = logging.getLogger("nli_jax")
@@ -46,14 +46,14 @@ def _short(error: BaseException) -> str:
 
 class Checkpointer:
     def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True, create: bool = True):
-        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.directory = os.path.join(storage.resolve(workdir), "checkpoints")
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
                                                  enable_async_checkpointing=async_save),
             item_names=("state", "data", "loop"))
         self.best = ocp.CheckpointManager(
-            os.path.join(os.path.abspath(workdir), "best"),
+            os.path.join(storage.resolve(workdir), "best"),
             # Two: after a resume from an earlier checkpoint, the best step the loop restored
             # survives one newer best saved before the interruption (see save_best / prune_best).
             options=ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=False),
@@ -63,7 +63,7 @@ class Checkpointer:
     @staticmethod
     def read_best_info(workdir: str) -> dict | None:
         """The JSON saved with a run's best parameters (step, metric, label names), or None."""
-        best = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "best"),
+        best = ocp.CheckpointManager(os.path.join(storage.resolve(workdir), "best"),
                                      options=ocp.CheckpointManagerOptions(create=False), item_names=("params", "info"))
         try:
             step = best.latest_step()
@@ -133,13 +133,13 @@ class Checkpointer:
         targets = []
         for step in steps:
             target = os.path.join(target_root, str(step))
-            if os.path.exists(target):
+            if storage.exists(target):
                 target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
             targets.append(target)
         if jax.process_index() == 0:
-            os.makedirs(target_root, exist_ok=True)
+            storage.makedirs(target_root)
             for step, target in zip(steps, targets):
-                shutil.move(os.path.join(self.directory, str(step)), target)
+                storage.move(os.path.join(self.directory, str(step)), target)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax checkpoints set aside")
@@ -148,11 +148,11 @@ class Checkpointer:
 
     def _set_aside_best(self, step: int) -> str:
         target = os.path.join(os.path.dirname(self.directory), UNREADABLE_DIR, f"best-{step}")
-        if os.path.exists(target):
+        if storage.exists(target):
             target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
         if jax.process_index() == 0:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.move(os.path.join(str(self.best.directory), str(step)), target)
+            storage.makedirs(os.path.dirname(target))
+            storage.move(os.path.join(str(self.best.directory), str(step)), target)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax best set aside")
@@ -248,11 +248,10 @@ RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "report.")
 def read_workdir_config(workdir: str) -> dict | None:
     """The config.json of a workdir, or None; an unreadable one is an error naming it."""
     path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = json.loads(storage.read_text(path))
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as e:
@@ -282,17 +281,13 @@ def check_workdir_config(workdir: str, config_dict: dict, *, write: bool = True)
 def write_workdir_config(workdir: str, config_dict: dict) -> None:
     """config.json, written atomically by process 0 (kept when present: resumable keys may differ)."""
     path = os.path.join(workdir, CONFIG_FILE)
-    if jax.process_index() != 0 or os.path.isfile(path):
+    if jax.process_index() != 0 or storage.isfile(path):
         return
-    os.makedirs(workdir, exist_ok=True)
     write_json_atomic(path, config_dict)
 
 
 def write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    storage.write_text(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def _check_loop(loop) -> None:
@@ -306,9 +301,9 @@ def has_trained_state(workdir: str) -> bool:
     """Whether any step was trained in `workdir` (a checkpoint, best parameters or results)."""
     for sub in ("checkpoints", "best", UNREADABLE_DIR):
         d = os.path.join(workdir, sub)
-        if os.path.isdir(d) and any(p.split(".")[0].isdigit() for p in os.listdir(d)):
+        if any(p.split(".")[0].isdigit() for p in storage.listdir(d)):
             return True
-    return os.path.isfile(os.path.join(workdir, "results.json"))
+    return storage.isfile(os.path.join(workdir, "results.json"))
 
 
 def _flatten(d, prefix=""):

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 
+from nli_jax import storage
 from nli_jax.errors import RunError
 
 INPUTS_FILE = "inputs.json"
@@ -30,9 +31,9 @@ class InputsChangedError(RunError):
 
 
 def file_digest(path: str) -> str:
-    size = os.path.getsize(path)
+    size = storage.path(path).stat().length
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with storage.open(path, "rb") as f:
         if size <= WHOLE_FILE_LIMIT:
             for chunk in iter(lambda: f.read(_MIB), b""):
                 h.update(chunk)
@@ -44,9 +45,9 @@ def file_digest(path: str) -> str:
 
 
 def _directory_files(directory: str, keep) -> dict[str, str]:
-    return {os.path.abspath(os.path.join(directory, name)): file_digest(os.path.join(directory, name))
-            for name in sorted(os.listdir(directory))
-            if keep(name) and os.path.isfile(os.path.join(directory, name))}
+    return {storage.origin(os.path.join(directory, name)): file_digest(os.path.join(directory, name))
+            for name in storage.listdir(directory)
+            if keep(name) and storage.isfile(os.path.join(directory, name))}
 
 
 def tokenizer_files(directory: str) -> dict[str, str]:
@@ -68,7 +69,7 @@ def fingerprint(*, data: dict[str, str] | None = None, files=None, tokenizer_dir
     if data is not None:
         out["data"] = dict(sorted(data.items()))
     if files is not None:
-        out["files"] = {os.path.abspath(p): file_digest(p) for p in sorted(files)}
+        out["files"] = {storage.origin(p): file_digest(p) for p in sorted(files)}
     if tokenizer_dir:
         out["tokenizer"] = tokenizer_files(tokenizer_dir)
     if model_dir:
@@ -78,11 +79,10 @@ def fingerprint(*, data: dict[str, str] | None = None, files=None, tokenizer_dir
 
 def read_inputs(workdir: str) -> dict | None:
     path = os.path.join(workdir, INPUTS_FILE)
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            recorded = json.load(f)
+        recorded = json.loads(storage.read_text(path))
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as e:
@@ -129,9 +129,4 @@ def write_inputs(workdir: str, current: dict) -> None:
     import jax
     if jax.process_index() != 0:
         return
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, INPUTS_FILE)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(current, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    storage.write_text(os.path.join(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from nli_jax import storage
 from nli_jax.checkpoints import load_tokenizer
 from nli_jax.checkpoints.hf import read_config, resolve_directory
 from nli_jax.data import pipeline
@@ -44,6 +45,7 @@ from nli_jax.train.validation import ConfigValueError
 
 def train_and_evaluate(config, workdir: str) -> dict:
     """Runs the config (once, or once per entry of `config.seeds`) and returns results.json."""
+    validation.check_paths(config, workdir)
     validation.validate_config(config)
     seeds = list(config.get("seeds") or ())
     if not seeds:
@@ -393,9 +395,20 @@ def _run(config, workdir: str) -> dict:
     return results
 
 
+def host_params(params):
+    """Whole parameters as numpy arrays on this host. Arrays sharded across processes (fsdp or
+    tensor axes spanning hosts) are gathered with multihost_utils: device_get cannot read the
+    shards of another process."""
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(params)):
+        from jax.experimental import multihost_utils
+        return multihost_utils.process_allgather(params, tiled=True)
+    return jax.device_get(params)
+
+
 def export(run: RunSetup, params, directory: str) -> str:
-    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer)."""
-    nnx.update(run.model, nnx.State(jax.device_get(params)))
+    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer).
+    Every process calls it (the gather is collective); process 0 writes."""
+    nnx.update(run.model, nnx.State(host_params(params)))
     if jax.process_index() == 0:
         run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names)
     return directory
@@ -536,12 +549,13 @@ def resolve_checkpoint(path: str) -> dict:
     """A run's workdir (its best parameters, under best/) or a Hugging Face directory."""
     if not path:
         raise validation.RunError("no checkpoint given: a fine-tuning run's workdir or a Hugging Face model directory")
-    if os.path.isdir(os.path.join(path, "best")):
+    storage.check_reachable(storage.check(path), what="checkpoint")
+    if storage.isdir(os.path.join(path, "best")):
         config = read_workdir_config(path)
         if config is None:
             raise FileNotFoundError(f"{path} has best/ but no {CONFIG_FILE}: not a complete nli-jax run")
         return {"kind": "run", "path": path, "config": config}
-    if os.path.isfile(os.path.join(path, "config.json")):
+    if storage.isfile(os.path.join(path, "config.json")):
         return {"kind": "hf", "path": path}
     raise FileNotFoundError(f"checkpoint {path}: neither a run directory (with best/ and {CONFIG_FILE}) nor a "
                             "Hugging Face model directory (with config.json)")

@@ -9,6 +9,8 @@ import time
 import jax
 import numpy as np
 
+from nli_jax import storage
+
 log = logging.getLogger("nli_jax")
 
 
@@ -24,8 +26,8 @@ def setup_logging(workdir: str) -> None:
         log.removeHandler(h)
         h.close()
     if jax.process_index() == 0:
-        os.makedirs(workdir, exist_ok=True)
-        file = logging.FileHandler(os.path.join(workdir, "train.log"))
+        # On gs:// a local file uploaded every few seconds (an object cannot be appended to).
+        file = logging.FileHandler(storage.synced_local_file(os.path.join(workdir, "train.log")))
         file.setFormatter(fmt)
         log.addHandler(file)
     log.propagate = False
@@ -45,7 +47,7 @@ class Reporter:
         self.writer = None
         if jax.process_index() == 0:
             from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self.writer = SummaryWriter(storage.synced_local_dir(os.path.join(workdir, "tensorboard")))
 
     def count(self, examples: int, tokens: int) -> None:
         self.examples += examples
@@ -70,7 +72,7 @@ class Reporter:
         rate = done / max(now - self.start_time, 1e-9)
         eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
         if jax.process_index() == 0:
-            with open(os.path.join(self.workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+            with open(storage.synced_local_file(os.path.join(self.workdir, "metrics.jsonl")), "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, "epoch": round(epoch, 4), **scalars}) + "\n")
         extra = "".join(f" {k[6:]} {scalars[k]:.3f}" for k in ("train/accuracy", "train/mlm_accuracy",
                                                               "train/sentence_accuracy", "train/mfu") if k in scalars)
@@ -90,6 +92,7 @@ class Reporter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        storage.sync()
 
 
 def _duration(seconds: float) -> str:
@@ -102,17 +105,10 @@ def _duration(seconds: float) -> str:
 def write_json(path: str, obj) -> None:
     if jax.process_index() != 0:
         return
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False, sort_keys=False)
-    os.replace(tmp, path)
+    storage.write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False))
 
 
 def write_jsonl(path: str, rows) -> None:
     if jax.process_index() != 0:
         return
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    storage.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

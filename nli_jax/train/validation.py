@@ -207,6 +207,34 @@ def refuse(problems: list[str]) -> None:
         raise ConfigValueError("; ".join(problems))
 
 
+# Config keys that name files or directories: each may be a local path or gs://bucket/path.
+PATH_KEYS = ("data.source", "data.tfds_dir", "data.translate_train_source", "model.init", "model.tokenizer",
+             "pretrain.corpus", "pretrain.examples_dir")
+
+
+def check_paths(config, workdir: str | None = None) -> None:
+    """Every path of the run (workdir and PATH_KEYS) has a usable scheme, and a gs:// one a bucket
+    that exists behind an endpoint that answers (seconds, not gcsfs's minutes of retries): one
+    error naming the key and path, before anything is read, written or computed."""
+    from nli_jax import storage
+    named = [("--workdir", workdir)] if workdir else []
+    for key in PATH_KEYS:
+        value = _get(config, key, "")
+        for item in ([value] if isinstance(value, str) else list(value or ())):
+            if item and (":" in item.split("/")[0]):  # a URL; hub ids and local paths have no scheme
+                named.append((f"--config.{key}", item))
+    seen = set()
+    for flag, value in named:
+        try:
+            storage.check(value)
+            bucket = storage.scheme(value) and value.split("://", 1)[1].split("/")[0]
+            if bucket and bucket not in seen:
+                seen.add(bucket)
+                storage.check_reachable(value.split("*")[0].rsplit("/", 1)[0] if "*" in value else value)
+        except storage.StorageError as e:
+            raise storage.StorageError(f"{flag}: {e}") from None
+
+
 def validate_config(config, *, devices: int | None = None, processes: int | None = None,
                     training: bool = True) -> None:
     """Types and ranges of every field, and the relations that need no data, tokenizer or model:

@@ -1,0 +1,428 @@
+"""One file-system layer for every path nli-jax reads or writes: local paths and gs:// URLs.
+
+Paths stay strings everywhere else (os.path.join/dirname/basename are plain string operations
+and keep a URL intact); what touches the file system goes through here, on etils.epath (gcsfs
+for gs://, tensorstore for orbax's arrays). A local path is expanded (~) and made absolute; a
+URL keeps its scheme. `local_copy` downloads what only a local reader understands (a Hugging
+Face directory for transformers, array_record files for the C++ reader) into this process's
+scratch directory; `synced_local_file`/`synced_local_dir` give appenders (train.log,
+metrics.jsonl, TensorBoard) a local file that is uploaded every few seconds while the run goes.
+
+Credentials: on Cloud TPU VMs and GCE the clients use Application Default Credentials. With
+STORAGE_EMULATOR_HOST set (tests: gcp-storage-emulator on 127.0.0.1) every client is pointed at
+the emulator and sends no credentials.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import urllib.parse
+
+from nli_jax.errors import RunError
+
+REMOTE_SCHEMES = ("gs",)
+SUPPORTED = "local paths and gs://bucket/path"
+# How long a first request to a bucket may take before the run stops naming the path: an
+# endpoint that does not answer must fail in seconds, not after gcsfs's minutes of retries.
+REACH_TIMEOUT_S = 15.0
+SYNC_EVERY_S = 5.0
+
+
+class StorageError(RunError):
+    """A path that cannot be used: unsupported scheme, missing bucket, unreachable endpoint."""
+
+
+_configured_host: str | None = None
+
+
+def _configure_emulator() -> None:
+    """Points gcsfs and tensorstore at STORAGE_EMULATOR_HOST, without credentials. Only then:
+    real runs keep Application Default Credentials and the real endpoint."""
+    global _configured_host
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if host == _configured_host or not host:
+        return
+    _configured_host = host
+    if not host.startswith(("http://", "https://")):
+        host = "http://" + host
+    # gcsfs' hierarchical-namespace probe speaks gRPC to the real control plane: one minute
+    # of timeouts per bucket against an emulator.
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    os.environ["TENSORSTORE_GCS_HTTP_URL"] = host
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anonymous")  # tensorstore: no ADC lookup
+    import fsspec
+    for protocol in ("gs", "gcs"):
+        # The plain client also when gcsfs was imported before the variable above was set.
+        fsspec.register_implementation(protocol, "gcsfs.core.GCSFileSystem", clobber=True)
+        fsspec.config.conf.setdefault(protocol, {})["token"] = "anon"
+
+
+def _configure_gcsfs() -> None:
+    """No cached directory listings: other hosts (and a rerun) write the same bucket, and a
+    stale listing would hide a file they wrote (process 0's examples.json) or cut a read short
+    at an old size (a log another process appended to)."""
+    import fsspec
+    for protocol in ("gs", "gcs"):
+        fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
+
+
+_configure_gcsfs()
+_configure_emulator()
+
+
+def scheme(p: str) -> str:
+    """'' for a local path, else the URL scheme ('gs')."""
+    p = os.fspath(p)
+    if "://" not in p:
+        return ""
+    return p.split("://", 1)[0].lower()
+
+
+def is_remote(p) -> bool:
+    return scheme(p) != ""
+
+
+def check(p) -> str:
+    """The path itself, or a StorageError for a scheme nli-jax cannot use."""
+    p = os.fspath(p)
+    s = scheme(p)
+    if s and s not in REMOTE_SCHEMES:
+        raise StorageError(f"{p}: unsupported URL scheme {s}:// (nli-jax reads and writes {SUPPORTED})")
+    if s and not urllib.parse.urlsplit(p).netloc:
+        raise StorageError(f"{p}: no bucket in the URL (expected gs://bucket/path)")
+    return p
+
+
+def resolve(p) -> str:
+    """A local path expanded and absolute, a URL without a trailing slash."""
+    p = check(p)
+    if is_remote(p):
+        return p.rstrip("/") if p.rstrip("/") != f"{scheme(p)}:/" else p
+    return os.path.abspath(os.path.expanduser(p))
+
+
+def path(p):
+    """etils.epath.Path of a local path or URL (scheme checked)."""
+    from etils import epath
+    p = resolve(p)
+    if is_remote(p):
+        _configure_emulator()
+    return epath.Path(p)
+
+
+def exists(p) -> bool:
+    return path(p).exists()
+
+
+def isdir(p) -> bool:
+    return path(p).is_dir()
+
+
+def isfile(p) -> bool:
+    q = path(p)
+    return q.exists() and not q.is_dir()
+
+
+def listdir(p) -> list[str]:
+    """Names in a directory (sorted); [] when it does not exist."""
+    q = path(p)
+    if not q.is_dir():
+        return []
+    return sorted(c.name for c in q.iterdir())
+
+
+def glob(pattern: str) -> list[str]:
+    """Files matching a pattern (wildcards in the last components), sorted."""
+    pattern = resolve(pattern)
+    if not is_remote(pattern):
+        import glob as glob_lib
+        return sorted(glob_lib.glob(pattern))
+    root, parts = pattern, []
+    while any(c in os.path.basename(root) for c in "*?["):
+        parts.insert(0, os.path.basename(root))
+        root = os.path.dirname(root)
+    if not parts:
+        return [pattern] if exists(pattern) else []
+    return sorted(os.fspath(m) for m in path(root).glob("/".join(parts)))
+
+
+def makedirs(p) -> None:
+    path(p).mkdir(parents=True, exist_ok=True)
+
+
+def open(p, mode: str = "r", encoding: str | None = None):  # noqa: A001 - the storage layer's open
+    if "b" not in mode and encoding is None:
+        encoding = "utf-8"
+    q = path(p)
+    if any(c in mode for c in "wa") and not is_remote(p):
+        q.parent.mkdir(parents=True, exist_ok=True)
+    return q.open(mode, encoding=encoding) if "b" not in mode else q.open(mode)
+
+
+def read_bytes(p) -> bytes:
+    return path(p).read_bytes()
+
+
+def read_text(p) -> str:
+    return path(p).read_text(encoding="utf-8")
+
+
+def write_bytes(p, data: bytes) -> None:
+    """Atomic: a reader sees the old file or the new one, never a part (a GCS object is
+    replaced whole; a local file goes through a temporary name and a rename)."""
+    if is_remote(p):
+        path(p).write_bytes(data)
+        return
+    target = resolve(p)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable like every other file
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text(p, text: str) -> None:
+    write_bytes(p, text.encode("utf-8"))
+
+
+def remove(p) -> None:
+    path(p).unlink()
+
+
+def rmtree(p) -> None:
+    q = path(p)
+    if q.exists():
+        q.rmtree()
+
+
+def move(src, dst) -> None:
+    """A file or directory to a new name (GCS: copy, then delete)."""
+    if not is_remote(src) and not is_remote(dst):
+        os.makedirs(os.path.dirname(resolve(dst)), exist_ok=True)
+        shutil.move(resolve(src), resolve(dst))
+        return
+    if isdir(src):
+        copytree(src, dst)
+        rmtree(src)
+    else:
+        copy(src, dst)
+        remove(src)
+
+
+def copy(src, dst) -> None:
+    """One file, between any two places (local <-> gs://)."""
+    if not is_remote(dst):
+        os.makedirs(os.path.dirname(resolve(dst)), exist_ok=True)
+    path(src).copy(path(dst), overwrite=True)
+
+
+def copytree(src, dst) -> None:
+    """Every file under `src` to the same relative place under `dst`."""
+    src, dst = resolve(src), resolve(dst)
+    for rel in walk_files(src):
+        copy(os.path.join(src, rel), os.path.join(dst, rel))
+
+
+def walk_files(p) -> list[str]:
+    """Every file under a directory, as paths relative to it, sorted."""
+    root = resolve(p)
+    out = []
+    for d, _, files in path(root).walk():
+        d = os.fspath(d).rstrip("/")
+        if is_remote(root) and not is_remote(d):  # fsspec walks without the scheme
+            d = f"{scheme(root)}://{d}"
+        rel = "" if d == root else os.path.relpath(d, root)
+        out += [os.path.join(rel, f) if rel else f for f in files]
+    return sorted(out)
+
+
+def check_reachable(p, *, what: str = "path") -> None:
+    """For a gs:// path: the bucket exists and the endpoint answers within REACH_TIMEOUT_S,
+    else a StorageError naming the path. Nothing for a local path. Called before compute."""
+    p = check(p)
+    if not is_remote(p):
+        return
+    _configure_emulator()
+    parts = urllib.parse.urlsplit(p)
+    bucket, prefix = parts.netloc, parts.path.lstrip("/")
+    outcome: dict = {}
+
+    def probe():
+        try:
+            import fsspec
+            fs = fsspec.filesystem("gs")
+            # Listing one object needs only object permissions (a bucket GET needs more).
+            fs.call("GET", "b/{}/o", bucket, maxResults=1, prefix=prefix, json_out=True)
+            outcome["ok"] = True
+        except BaseException as e:  # reported below, in the caller's thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(REACH_TIMEOUT_S)
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+    if "ok" in outcome:
+        return
+    error = outcome.get("error")
+    if error is None:
+        raise StorageError(f"{what} {p}: no answer from {endpoint} within {REACH_TIMEOUT_S:.0f} s "
+                           "(is the storage endpoint reachable from this machine?)")
+    if isinstance(error, FileNotFoundError):
+        raise StorageError(f"{what} {p}: bucket gs://{bucket} does not exist (at {endpoint})")
+    raise StorageError(f"{what} {p}: cannot reach gs://{bucket} at {endpoint} "
+                       f"({type(error).__name__}: {' '.join(str(error).split())[:200]})")
+
+
+# --- this process's scratch directory: downloads and the local side of synced files --------
+
+_scratch_dir: str | None = None
+_lock = threading.Lock()
+
+
+def scratch_dir() -> str:
+    """A temporary directory of this process (removed at exit)."""
+    global _scratch_dir
+    with _lock:
+        if _scratch_dir is None:
+            _scratch_dir = tempfile.mkdtemp(prefix="nli_jax_")
+            atexit.register(shutil.rmtree, _scratch_dir, ignore_errors=True)
+        return _scratch_dir
+
+
+_copies: dict[str, str] = {}
+
+
+def local_copy(p) -> str:
+    """A local path with the contents of `p` (file or directory): `p` itself when local, else a
+    download into this process's scratch directory (once per process)."""
+    p = resolve(p)
+    if not is_remote(p):
+        return p
+    if p in _copies:
+        return _copies[p]
+    target = os.path.join(scratch_dir(), "copies", hashlib.sha256(p.encode()).hexdigest()[:16],
+                          os.path.basename(p) or "root")
+    if isdir(p):
+        copytree(p, target)
+    elif exists(p):
+        copy(p, target)
+    else:
+        raise FileNotFoundError(f"{p} not found")
+    _copies[p] = target
+    return target
+
+
+def origin(p: str) -> str:
+    """The URL a `local_copy` path came from (fingerprints and messages name the bucket, not
+    this process's scratch directory); any other path resolved."""
+    p = resolve(p)
+    for remote, local in _copies.items():
+        if p == local or p.startswith(local + os.sep):
+            return remote + p[len(local):]
+    return p
+
+
+def upload(local: str, remote: str) -> None:
+    """A local file or directory to `remote` (a no-op copy when both are the same local path)."""
+    if os.path.isdir(local):
+        copytree(local, remote)
+    else:
+        copy(local, remote)
+
+
+# --- appended files (logs, metrics, TensorBoard) on gs:// ----------------------------------
+# A GCS object cannot be appended to: the appender writes a local file and a background thread
+# uploads it whole every SYNC_EVERY_S seconds (and at sync() / exit), so the run's progress is
+# visible in the bucket while it goes.
+
+_synced: dict[str, str] = {}  # local path -> remote path (file or directory)
+_uploaded: dict[str, tuple] = {}
+_sync_thread: threading.Thread | None = None
+
+
+def synced_local_file(p) -> str:
+    """A local file to append to that stands for `p`: `p` itself when local; for gs:// a file in
+    the scratch directory that starts with the object's current contents (a resumed run appends
+    to its log) and is uploaded every few seconds."""
+    p = resolve(p)
+    if not is_remote(p):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        return p
+    with _lock:
+        for local, remote in _synced.items():
+            if remote == p:
+                return local
+    local = os.path.join(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p))
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    if exists(p):
+        copy(p, local)
+    _register(local, p)
+    return local
+
+
+def synced_local_dir(p) -> str:
+    """A local directory standing for `p` (TensorBoard's event files): new and grown files in
+    it are uploaded every few seconds."""
+    p = resolve(p)
+    if not is_remote(p):
+        os.makedirs(p, exist_ok=True)
+        return p
+    local = os.path.join(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p))
+    os.makedirs(local, exist_ok=True)
+    _register(local, p)
+    return local
+
+
+def _register(local: str, remote: str) -> None:
+    global _sync_thread
+    with _lock:
+        _synced[local] = remote
+        if _sync_thread is None:
+            _sync_thread = threading.Thread(target=_sync_forever, name="nli_jax storage sync", daemon=True)
+            _sync_thread.start()
+            atexit.register(sync)
+
+
+def _sync_forever() -> None:
+    while True:
+        time.sleep(SYNC_EVERY_S)
+        try:
+            sync()
+        except Exception:  # a failed upload is retried on the next round; sync() at the end raises
+            pass
+
+
+_sync_lock = threading.Lock()
+
+
+def sync() -> None:
+    """Uploads every synced file that changed since its last upload."""
+    with _sync_lock:
+        with _lock:
+            pairs = list(_synced.items())
+        for local, remote in pairs:
+            files = ([(local, remote)] if not os.path.isdir(local) else
+                     [(os.path.join(d, f), os.path.join(remote, os.path.relpath(os.path.join(d, f), local)))
+                      for d, _, names in os.walk(local) for f in names])
+            for src, dst in files:
+                if not os.path.exists(src):
+                    continue
+                st = os.stat(src)
+                key = (st.st_size, st.st_mtime_ns)
+                if _uploaded.get(src) == key:
+                    continue
+                copy(src, dst)
+                _uploaded[src] = key
