@@ -5,6 +5,13 @@ BERT models (IndoBERT base/large): MLM + NSP, token masking, AdamW (decay 0.01, 
 LayerNorm and biases), linear warmup then linear decay. ALBERT models (IndoBERT-lite): MLM + SOP,
 whole-word n-gram masking (n <= 3, p ∝ 1/n), LAMB. At most 20 predictions per sequence at 128,
 scaled with the length at 512 (80).
+
+`continue` (continued, language- or domain-adaptive pretraining, as DAPT/TAPT adapt a released
+model): the same objective and optimizer on a new corpus, starting from --config.model.init=DIR,
+any Hugging Face BERT or ALBERT checkpoint. The model keeps that checkpoint's tokenizer,
+vocabulary and shape (its config.json, not the preset's); its MLM head is loaded when it has one
+and initialised as BERT does (tied decoder) when not; the optimizer and its warmup start fresh.
+Steps: a tenth of the phase's, warmup 6% of them (set train.max_steps for your corpus).
 """
 import ml_collections
 
@@ -25,8 +32,9 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     options = finetune_common.parse_arg(arg)
     phase = int(options.pop("phase", 1))
     cpu_test = options.pop("cpu_test", False)
+    continued = options.pop("continue", False)
     if options:
-        raise ValueError(f"unknown config option(s) {sorted(options)}; expected phase=1|2, cpu_test")
+        raise ValueError(f"unknown config option(s) {sorted(options)}; expected phase=1|2, cpu_test, continue")
     if phase not in (1, 2):
         raise ValueError(f"phase must be 1 or 2, got {phase}")
     albert = model.startswith("indobert-lite")
@@ -58,6 +66,7 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     c.pretrain.heldout_examples = 2000
     c.pretrain.heldout_permille = 10  # documents held out for evaluation (by hash), per thousand
     c.pretrain.random_token_low = 0
+    c.pretrain.continued = bool(continued)  # model.init is required: continued pretraining of a checkpoint
 
     c.optimizer.name = "lamb" if albert else "adamw"
     c.optimizer.lr = lr
@@ -78,11 +87,16 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     c.train.peak_tflops_per_device = 0.0  # e.g. 123 for TPU v3 bf16: enables MFU in the log
     c.model.dtype = "bfloat16"  # on accelerators; the cpu_test variant computes in float32
 
+    if continued:
+        c.train.max_steps = max(1, steps // 10)
+        c.optimizer.warmup_steps = max(1, c.train.max_steps * 6 // 100)
+
     if cpu_test:
         from nli_jax.data import fixture_path
-        c.model.preset = "tiny-albert" if albert else "tiny-bert"
         c.model.dtype = "float32"
-        c.model.tokenizer = fixture_path("tiny_wordpiece")
+        if not continued:  # continued: the checkpoint's own tokenizer and shape
+            c.model.preset = "tiny-albert" if albert else "tiny-bert"
+            c.model.tokenizer = fixture_path("tiny_wordpiece")
         c.pretrain.corpus = (fixture_path("corpus_tiny") + "/*.txt",)
         c.pretrain.heldout_examples = 200
         c.pretrain.heldout_permille = 100
@@ -98,4 +112,12 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
         c.train.async_checkpointing = False
         c.optimizer.lr = 2e-2 if albert else 2e-3  # LAMB scales steps by the weight norm
         c.optimizer.warmup_steps = 15
+        if continued:  # a real checkpoint (MiniLM-L6 in the tests): a few small steps
+            c.train.batch_size = 8
+            c.train.max_steps = 20
+            c.train.eval_every_steps = 10
+            c.train.checkpoint_every_steps = 10
+            c.train.log_every_steps = 5
+            c.optimizer.lr = 1e-3 if albert else 1e-4
+            c.optimizer.warmup_steps = 4
     return c

@@ -7,7 +7,6 @@ sentence loss (mean over pairs). Evaluation on held-out documents: MLM and sente
 """
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -16,9 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nli_jax import storage
 from nli_jax.data.pipeline import Subset
 from nli_jax.losses import masked_lm_loss, weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM
+from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, create_examples
 from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
 from nli_jax.errors import RunError
@@ -32,21 +33,25 @@ def _stale_settings(directory: str, config, corpus_files: list[str]) -> list[str
     """Settings that differ between examples built in the workdir and the config ([] if none,
     or no examples yet). Keys an older examples.json lacks are not compared."""
     meta_path = os.path.join(directory, "examples.json")
-    if not os.path.isfile(meta_path):
+    if not storage.isfile(meta_path):
         return []
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(storage.read_text(meta_path))
     except ValueError:
         return ["examples.json unreadable"]
     p = config.pretrain
-    tokenizer = config.model.tokenizer or config.model.init
+    tokenizer = vocabulary_dir(config)
     expected = {"max_seq_length": int(config.data.max_seq_length), "short_seq_prob": float(p.short_seq_prob),
                 "sentence_task": p.sentence_task, "dupe_factor": int(p.dupe_factor), "seed": int(p.data_seed),
                 "heldout_permille": int(p.heldout_permille),
-                "vocab_dir": os.path.abspath(tokenizer) if tokenizer else None,
-                "corpus": [os.path.abspath(f) for f in corpus_files]}
+                "vocab_dir": storage.origin(tokenizer) if tokenizer else None,
+                "corpus": [storage.origin(f) for f in corpus_files]}
     return [f"{k}: {meta[k]!r} -> {v!r}" for k, v in expected.items() if k in meta and meta[k] != v]
+
+
+def _corpus_files(patterns) -> list[str]:
+    """The files the corpus globs match (local or gs://), sorted."""
+    return sorted({f for pattern in patterns if pattern for f in storage.glob(pattern)})
 
 
 class Pretraining(Task):
@@ -60,11 +65,12 @@ class Pretraining(Task):
     def load(self, config, workdir=None):
         p = config.pretrain
         directory = p.get("examples_dir") or ""
+        check_checkpoint(config, building_examples=not directory)
         if not directory:
             if not workdir:
                 raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
             directory = os.path.join(workdir, "examples")
-            files = sorted(f for pattern in p.corpus if pattern for f in glob.glob(os.path.expanduser(pattern)))
+            files = _corpus_files(p.corpus)
             stale = _stale_settings(directory, config, files)
             if stale:
                 from nli_jax.train.checkpointing import has_trained_state
@@ -74,15 +80,17 @@ class Pretraining(Task):
             if stale and jax.process_index() == 0:
                 # Derived data of an earlier attempt in this workdir (config.json guards a run that
                 # trained): built with other settings, so built again rather than used silently.
-                import shutil
                 log.warning("%s was built with other settings (%s); building the examples again", directory,
                             "; ".join(stale))
-                shutil.rmtree(directory)
-            if not os.path.isfile(os.path.join(directory, "examples.json")):
+                storage.rmtree(directory)
+            if jax.process_count() > 1:  # every process decides on the same (possibly just removed) state
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices("nli_jax pretraining examples checked")
+            if not storage.isfile(os.path.join(directory, "examples.json")):
                 if not files:
                     raise FileNotFoundError(f"pretrain.corpus matches no files: {list(p.corpus)}")
                 if jax.process_index() == 0:
-                    create_examples(files, config.model.tokenizer, directory, max_seq_length=int(config.data.max_seq_length),
+                    create_examples(files, vocabulary_dir(config), directory, max_seq_length=int(config.data.max_seq_length),
                                     short_seq_prob=float(p.short_seq_prob), sentence_task=p.sentence_task,
                                     dupe_factor=int(p.dupe_factor), seed=int(p.data_seed), workers=int(p.workers),
                                     heldout_permille=int(p.heldout_permille), progress=False)
@@ -111,9 +119,9 @@ class Pretraining(Task):
         p = config.pretrain
         if p.get("examples_dir"):
             directory = p.examples_dir
-            return sorted(os.path.join(directory, f) for f in os.listdir(directory)
-                          if os.path.isfile(os.path.join(directory, f))) if os.path.isdir(directory) else []
-        return sorted(f for pattern in p.corpus if pattern for f in glob.glob(os.path.expanduser(pattern)))
+            return [os.path.join(directory, f) for f in storage.listdir(directory)
+                    if storage.isfile(os.path.join(directory, f))]
+        return _corpus_files(p.corpus)
 
     def model_class_and_kwargs(self, config):
         return ForMaskedLM, {"sentence_head": config.pretrain.sentence_task != "none"}

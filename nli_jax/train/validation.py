@@ -152,6 +152,7 @@ FIELDS: dict[str, Field] = {
     "pretrain.heldout_examples": _int(1),
     "pretrain.heldout_permille": _int(1, 999),
     "pretrain.random_token_low": _int(0),
+    "pretrain.continued": BOOL,
 }
 
 
@@ -320,6 +321,10 @@ def validate_config(config, *, devices: int | None = None, processes: int | None
         if not _get(config, "pretrain.examples_dir", "") and not any(_get(config, "pretrain.corpus", ())):
             problems.append(f"{_flag('pretrain.corpus', tuple(p.corpus))}: no corpus files and no "
                             "pretrain.examples_dir: nothing to pretrain on")
+        if _get(config, "pretrain.continued", False) and not _get(config, "model.init", ""):
+            problems.append("--config.model.init='': continued pretraining (the config's :continue variant) "
+                            "starts from a checkpoint: pass --config.model.init=DIR (a Hugging Face BERT or "
+                            "ALBERT directory)")
     refuse(problems)
 
 

@@ -1,0 +1,47 @@
+"""Pretraining from a Hugging Face checkpoint (phase 2, or continued pretraining of any BERT or
+ALBERT model): which vocabulary the examples are tokenised with, and what the task can continue.
+
+The model itself is built by the shared path (`from_pretrained`): the checkpoint's config.json
+gives the shape, its MLM head (BERT `cls.predictions.*`, ALBERT `predictions.*`) is loaded when
+present and otherwise initialised as BERT does, the decoder tied to the word embeddings.
+"""
+from __future__ import annotations
+
+import os
+
+from nli_jax.errors import RunError
+
+# Families whose MLM and sentence heads transformers' *ForPreTraining classes name as ours do.
+CONTINUABLE_MODEL_TYPES = ("bert", "albert")
+
+
+def vocabulary_dir(config) -> str:
+    """The directory whose vocab.txt tokenises the corpus: model.tokenizer, else model.init's
+    (the checkpoint's own tokenizer). Empty when neither is set."""
+    from nli_jax.checkpoints.hf import resolve_directory
+    path = config.model.get("tokenizer") or config.model.get("init") or ""
+    return resolve_directory(path) if path else ""
+
+
+def check_checkpoint(config, building_examples: bool) -> None:
+    """Refuses, before examples are built or weights read, a model.init pretraining cannot
+    continue: a model_type other than BERT/ALBERT, or (when the examples are built from the
+    corpus here) a tokenizer without the WordPiece vocab.txt the example builder reads."""
+    init = config.model.get("init") or ""
+    if not init:
+        return
+    from nli_jax.checkpoints.hf import CONFIG_NAME, read_config, resolve_directory
+    directory = resolve_directory(init)
+    model_type = read_config(directory).get("model_type")
+    if model_type not in CONTINUABLE_MODEL_TYPES:
+        raise RunError(f"--config.model.init={init!r}: {os.path.join(directory, CONFIG_NAME)} has model_type "
+                       f"{model_type!r}; pretraining continues only {' or '.join(CONTINUABLE_MODEL_TYPES)} checkpoints "
+                       "(MLM with an NSP/SOP head, exported as *ForPreTraining)")
+    if building_examples:
+        vocab_dir = vocabulary_dir(config)
+        if not os.path.isfile(os.path.join(vocab_dir, "vocab.txt")):
+            key = "tokenizer" if config.model.get("tokenizer") else "init"
+            found = sorted(os.listdir(vocab_dir)) if os.path.isdir(vocab_dir) else []
+            raise RunError(f"--config.model.{key}={config.model.get(key)!r}: {vocab_dir} has no vocab.txt (found "
+                           f"{found or 'nothing'}): the corpus is tokenised into examples with a WordPiece vocab.txt, "
+                           "as BERT and IndoBERT checkpoints ship it; SentencePiece-only tokenizers are not supported")
