@@ -118,7 +118,9 @@ def _free_port():
 
 
 def test_two_processes_of_two_devices_match_one_process(tmp_path):
-    common = (*SHORT, "--config.data.pad_to_max_length=True", f"--config.data.tfds_dir={tmp_path / 'tfds'}")
+    """Also with length buckets: both processes pad each step to the bucket of the global batch's
+    longest row (the same shapes, with no per-step exchange), as one process does."""
+    common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}")
     run(tmp_path / "single", *common)
     port = _free_port()
     procs = [subprocess.Popen(command(tmp_path / "multi", *common) + [
@@ -134,6 +136,12 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
     print(f"1 process vs 2 processes x 2 devices: max |loss diff| {max(diffs):.2e}")
     assert max(diffs) <= LOSS_TOLERANCE
     assert "'data': 4" in (tmp_path / "multi" / "train.log").read_text()
+    # "process i: padded length per step sha1 <digest of the 12 lengths> (<length>: <steps>, ...)"
+    digests = [out.split("padded length per step sha1 ")[1].split(";")[0] for out in outputs]
+    one = (tmp_path / "single" / "train.log").read_text().split("padded length per step sha1 ")[1].split(";")[0]
+    print(f"padded length per step: {digests} (one process: {one})")
+    assert digests[0] == digests[1] == one
+    assert one.count(":") > 1, "the fixture's batches should use more than one bucket"
 
 
 RESUME = ("--config.train.num_epochs=12", "--config.train.checkpoint_every_steps=20",

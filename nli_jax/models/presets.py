@@ -30,6 +30,9 @@ PRESETS: dict[str, dict] = {
     # Tiny shapes for CPU tests and the cpu_test configs.
     "tiny-bert": dict(_BERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                       vocab_size=1000, max_position_embeddings=128),
+    # tiny-bert with 4 heads of 16, so that tensor:4 shards the attention heads (mesh tests).
+    "tiny-bert-4heads": dict(_BERT, num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                             vocab_size=1000, max_position_embeddings=128),
     "tiny-albert": dict(_ALBERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                         embedding_size=32, vocab_size=1000, max_position_embeddings=128),
 }

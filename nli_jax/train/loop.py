@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import signal
 from typing import Any, Callable
@@ -33,6 +34,7 @@ from nli_jax.models.config import EncoderConfig
 from nli_jax.tasks import get_task
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
+from nli_jax.train import sharding as sharding_lib
 from nli_jax.train import validation
 from nli_jax.data.records import InMemorySource
 from nli_jax.train.checkpointing import (CONFIG_FILE, Checkpointer, abstract_like, check_workdir_config,
@@ -105,6 +107,20 @@ def build_model(config, task, tokenizer, init: str | None = None):
     return cls(encoder_config, rngs=make_rngs(int(config.train.seed)), **head_kwargs)
 
 
+def build_placed_model(config, task, tokenizer, mesh, rules, init: str | None = None):
+    """(model, its parameters as global arrays in their shardings, those shardings). From scratch
+    on a mesh that shards parameters (fsdp or tensor), they are created on the devices in their
+    shardings (no host holds them whole). A checkpoint (model.init) is read on the host and each
+    process puts its shards in place; so are replicated parameters (pure data parallelism), which
+    every device holds whole anyway."""
+    if init or config.model.get("init") or not any(mesh.shape.get(a, 1) > 1 for a in ("fsdp", "tensor")):
+        model = build_model(config, task, tokenizer, init=init)
+        shardings = mesh_lib.param_shardings(model, mesh, rules)
+        params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
+        return model, params, shardings
+    return sharding_lib.create_sharded(lambda: build_model(config, task, tokenizer), mesh, rules)
+
+
 @dataclasses.dataclass
 class ModelInputs:
     """The task, tokenizer and model shape of a run, checked against each other (no data, no
@@ -154,13 +170,29 @@ def _check_same_vocabulary(tokenizer, tokenizer_path: str, model_dir: str) -> No
 
 
 class _Preemption:
-    """SIGTERM (TPU maintenance, preemption) asks the loop to checkpoint and exit."""
+    """SIGTERM (TPU maintenance, preemption) asks the loop to checkpoint and exit, at the same
+    step on every process, without a per-step exchange between hosts:
 
-    def __init__(self):
+    - several processes with JAX's preemption service (started by jax.distributed.initialize,
+      which catches SIGTERM itself): `reached_preemption_sync_point(step)` is a local check each
+      step; when a host gets the notice the service agrees on a step in the background;
+    - several processes without it: the processes exchange their flags every `check_every`
+      steps only (the log steps, where the loop waits for the devices anyway);
+    - one process: the flag set by our SIGTERM handler, checked every step.
+    """
+
+    def __init__(self, check_every: int = 1):
         self.requested = False
         self._previous = None
+        self.check_every = max(1, check_every)
+        self.service = False
 
     def __enter__(self):
+        if jax.process_count() > 1:
+            from jax._src import distributed
+            self.service = distributed.global_state.preemption_sync_manager is not None
+        if self.service:
+            return self  # the service's own SIGTERM handler must stay in place
         try:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         except ValueError:  # not the main thread
@@ -175,11 +207,14 @@ class _Preemption:
             signal.signal(signal.SIGTERM, self._previous)
 
     def reached(self, step: int) -> bool:
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            flag = multihost_utils.process_allgather(np.array(self.requested))
-            return bool(np.any(flag))
-        return self.requested
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+        if self.service:
+            return multihost_utils.reached_preemption_sync_point(step)
+        if step % self.check_every:
+            return False
+        return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
 
 
 class Preempted(SystemExit):
@@ -262,23 +297,21 @@ def setup(config, workdir: str, *, splits: dict | None = None, labels: list[str]
     if sample_split is not None:
         validation.check_unknown_rate(tokenizer, config.model.get("tokenizer") or model_init or config.model.init,
                                       splits[sample_split], encode, sample_split)
-    model = build_model(config, task, tokenizer, init=model_init)
+    mesh = mesh_lib.make_mesh(dict(config.mesh.shape))
+    rules = tuple(tuple(r) for r in config.mesh.rules)
+    model, params, param_shardings = build_placed_model(config, task, tokenizer, mesh, rules, init=model_init)
     check_dropout_streams(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
     max_len = int(config.data.max_seq_length)
     buckets = sorted({int(b) for b in (config.data.get("buckets") or ()) if int(b) <= max_len} | {max_len})
-    if config.data.get("pad_to_max_length", False) or jax.process_count() > 1:
-        buckets = [max_len]  # equal shapes on every process
+    if config.data.get("pad_to_max_length", False):
+        buckets = [max_len]
     collate = task.collate(config, tokenizer) or functools.partial(
         pipeline.pad_batch, buckets=buckets, pad_values=task.pad_values(tokenizer))
 
-    mesh = mesh_lib.make_mesh(dict(config.mesh.shape))
-    rules = tuple(tuple(r) for r in config.mesh.rules)
     batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    param_shardings = mesh_lib.param_shardings(model, mesh, rules)
-    params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
                         out_shardings=mesh_lib.replicated(mesh))
     return RunSetup(config=config, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
@@ -442,10 +475,14 @@ def train(run: RunSetup, plan: Plan | None = None):
                          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                          donate_argnums=(0,))
 
+    # Several processes: each pads its rows to the bucket of the global batch's longest row, known
+    # from every example's length (gathered once here), so shapes agree with no per-step exchange.
+    lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
+               if pc > 1 and pipeline.is_bucketing(run.collate) else None)
     train_iter = iter(pipeline.train_dataset(
         train_source, run.encode, local_batch_size=global_batch // pc, seed=int(config.train.seed),
         num_epochs=int(config.train.num_epochs), collate=run.collate, process_index=pi, process_count=pc,
-        workers=int(config.data.get("workers", 0))))
+        workers=int(config.data.get("workers", 0)), lengths=lengths))
 
     ckpt = Checkpointer(workdir, keep=int(config.train.get("keep_checkpoints", 2)),
                         async_save=bool(config.train.get("async_checkpointing", True)))
@@ -480,10 +517,12 @@ def train(run: RunSetup, plan: Plan | None = None):
 
     best_evaluation = None  # (step, report, records) of the best evaluation made in this process
     pending = []
-    with _Preemption() as preemption:
+    padding = {"lengths": hashlib.sha1(), "per_length": {}, "real": 0, "padded": 0}
+    with _Preemption(check_every=log_every) as preemption:
         while step < total_steps and not loop["stopped_early"]:
             local = next(train_iter)
             reporter.count(int(local["weight"].sum()) * pc, int(local["attention_mask"].sum()) * pc)
+            _count_padding(padding, local["attention_mask"])
             state, metrics = train_step(state, pipeline.to_global(local, batch_sharding))
             step += 1
             pending.append(metrics)
@@ -522,11 +561,25 @@ def train(run: RunSetup, plan: Plan | None = None):
         ckpt.wait()
     ckpt.close()
     reporter.close()
+    if padding["real"]:
+        # Per process: processes that agree on every step's shape print the same digest.
+        log.info("process %d: padded length per step sha1 %s (%s steps at each length); %.3f padded tokens per "
+                 "real token", pi, padding["lengths"].hexdigest()[:12],
+                 ", ".join(f"{n}: {c}" for n, c in sorted(padding["per_length"].items())),
+                 (padding["padded"] - padding["real"]) / padding["real"])
     loop = dict(loop, steps=step)
     reused = None
     if best_evaluation is not None and best_evaluation[0] == loop["best_step"]:
         reused = {task.validation_split: best_evaluation[1:]}
     return state, loop, reused
+
+
+def _count_padding(padding: dict, attention_mask) -> None:
+    length = int(attention_mask.shape[1])
+    padding["lengths"].update(length.to_bytes(4, "little"))
+    padding["per_length"][length] = padding["per_length"].get(length, 0) + 1
+    padding["real"] += int(attention_mask.sum())
+    padding["padded"] += int(attention_mask.size)
 
 
 def final_evaluation(run: RunSetup, params, splits: list[str], *, reused: dict | None = None):
@@ -677,6 +730,13 @@ class _EvalSplit:
         self.examples = [source[i] for i in range(len(source))]
         self.by_idx = {e["idx"]: e for e in self.examples}
         self._encode, self._encoded = encode, {}
+        self._lengths = None
+
+    def lengths(self, process_index: int, process_count: int):
+        """Every example's encoded length, gathered across processes once per run."""
+        if self._lengths is None:
+            self._lengths = pipeline.encoded_lengths(self.examples, self.encode, process_index, process_count)
+        return self._lengths
 
     def encode(self, example):
         key = example["idx"]
@@ -694,8 +754,9 @@ def _run_batches(step_fn, params, data: _EvalSplit, collate, batch_sharding, loc
     examples, by_idx = data.examples, data.by_idx
     dummy = dict(data.encode(examples[0]), idx=np.int32(-1))
     sums, outputs = None, []
+    lengths = data.lengths(pi, pc) if pc > 1 and pipeline.is_bucketing(collate) else None
     for local in pipeline.eval_batches(examples, data.encode, local_batch_size=local_batch, collate=collate,
-                                       dummy=dummy, process_index=pi, process_count=pc):
+                                       dummy=dummy, process_index=pi, process_count=pc, lengths=lengths):
         out = step_fn(params, pipeline.to_global(local, batch_sharding))
         metrics, predictions = out if isinstance(out, tuple) else (None, out)
         # Replicated outputs: every process sees every row; idx maps rows back to examples.

@@ -9,6 +9,7 @@ the parallelism without touching model code, MaxText-style:
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Sequence
 
@@ -84,13 +85,39 @@ def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], me
     return P(*out)
 
 
+def undivided_dims(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
+                   rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(logical name, size, mesh axes) of each dimension that its rule maps to mesh axes whose
+    size does not divide it: `logical_to_spec` leaves such a dimension replicated."""
+    if names is None:
+        return []
+    table = dict(rules)
+    out = []
+    for name, dim in zip(names, shape):
+        target = table.get(name)
+        axes = tuple(a for a in ((target,) if isinstance(target, str) else tuple(target or ()))
+                     if a in mesh.shape and mesh.shape[a] > 1)
+        if axes and dim % math.prod(mesh.shape[a] for a in axes):
+            out.append((name, int(dim), axes))
+    return out
+
+
 def param_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> dict:
-    """NamedSharding for every parameter (as a pure dict, like nnx.to_pure_dict)."""
+    """NamedSharding for every parameter (as a pure dict, like nnx.to_pure_dict). A dimension
+    the mesh does not divide (a 30,522 vocabulary over tensor:4) stays replicated, with a warning
+    naming it: pad the model's dimension (model.overrides.vocab_size) to shard it."""
     params = nnx.state(model, nnx.Param)
-    out = {}
+    out, undivided = {}, {}
     for path, var in nnx.to_flat_state(params):
         names = var.get_metadata().get("out_sharding")
-        out[path] = NamedSharding(mesh, logical_to_spec(names, var[...].shape, mesh, rules))
+        shape = var.get_value().shape  # also on abstract models (nnx.eval_shape)
+        out[path] = NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules))
+        for name, dim, axes in undivided_dims(names, shape, mesh, rules):
+            undivided.setdefault((name, dim, axes), []).append(".".join(map(str, path)))
+    for (name, dim, axes), paths in undivided.items():
+        logging.getLogger("nli_jax").warning(
+            "mesh %s does not divide %s=%d over %s: replicated along it in %d parameter(s) (%s)", dict(mesh.shape),
+            name, dim, "x".join(axes), len(paths), ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else ""))
     return nnx.to_pure_dict(nnx.from_flat_state(out))
 
 
