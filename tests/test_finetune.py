@@ -72,6 +72,7 @@ def test_cpu_test_command_writes_results(tmp_path):
     assert validation["accuracy"] > 0.6  # the fixture is learnable: chance is 1/3
 
 
+@pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_real_indonli_tiny_model_overfits_256_pairs(shared_data, minilm_dir, tmp_path):
     """Real data: 256 IndoNLI training pairs memorised to >= 95% train accuracy; every reported
     accuracy equals the one recomputed from predictions.jsonl."""
@@ -100,6 +101,7 @@ SHORT = ("--config.train.max_steps=12", "--config.train.log_every_steps=1", "--c
 LOSS_TOLERANCE = 2e-5
 
 
+@pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_one_device_and_eight_devices_give_the_same_loss_curve(tmp_path):
     run(tmp_path / "one", *SHORT)
     run(tmp_path / "eight", *SHORT, devices=8)
@@ -191,6 +193,7 @@ def test_sigkill_then_rerun_gives_identical_parameters(tmp_path, uninterrupted):
     _assert_same_final_state(tmp_path, uninterrupted)
 
 
+@pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_sigterm_saves_then_rerun_gives_identical_parameters(tmp_path, uninterrupted):
     code, stderr = _start_and_signal(tmp_path, signal.SIGTERM, min_step=20)
     assert code == 143, stderr[-3000:]

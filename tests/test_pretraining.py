@@ -274,6 +274,7 @@ def test_phase2_starts_from_phase1_weights_with_a_fresh_step(phase1, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["data"]["max_seq_length"] == 128
 
 
+@pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_sigkill_during_pretraining_then_rerun_is_exact(tmp_path):
     common = ("--config.train.max_steps=160", "--config.train.checkpoint_every_steps=40",
               "--config.train.async_checkpointing=True")
@@ -389,6 +390,7 @@ def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):
                                    ref.attention.self.query.weight.detach().numpy().T, atol=5e-4)
 
 
+@pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_mlm_leaves_its_plateau_as_transformers_does():
     """Past the 60 plateau steps above: on a toy MLM task only context solves (predict a masked
     token whose neighbour holds it), nli-jax's ForMaskedLM and transformers' BertForMaskedLM, from the
