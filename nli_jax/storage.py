@@ -343,6 +343,28 @@ def upload(local: str, remote: str) -> None:
         copy(local, remote)
 
 
+def local_inputs(patterns) -> list[str]:
+    """Local paths of the files that `patterns` (files or globs, local or gs://) name, sorted: for
+    tools that read with plain open() in worker processes (corpus preparation, vocabulary
+    training). Remote files are downloaded once into this process's scratch directory; a
+    pattern that matches nothing is kept, so that the tool names it in its error."""
+    files = sorted({f for pattern in patterns for f in (glob(pattern) or [check(pattern)])})
+    return [local_copy(f) if is_remote(f) and exists(f) else f for f in files]
+
+
+def local_output_dir(p) -> str:
+    """A local directory to write what will end up at `p`: `p` itself when local; for gs:// an
+    empty directory in the scratch directory, which `upload(local, p)` copies when it is complete
+    (a half-written output never appears in the bucket)."""
+    p = resolve(check(p))
+    if not is_remote(p):
+        return p
+    check_reachable(p, what="output directory")
+    local = os.path.join(scratch_dir(), "outputs", hashlib.sha256(p.encode()).hexdigest()[:16])
+    os.makedirs(local, exist_ok=True)
+    return local
+
+
 # --- appended files (logs, metrics, TensorBoard) on gs:// ----------------------------------
 # A GCS object cannot be appended to: the appender writes a local file and a background thread
 # uploads it whole every SYNC_EVERY_S seconds (and at sync() / exit), so the run's progress is

@@ -3,8 +3,6 @@
     python -m pretrain.build_vocab --corpus="/data/corpus/*.txt" --output_dir=/data/vocab --vocab_size=30522
     python -m pretrain.build_vocab ... --vocab_size=30000 --algorithm=sentencepiece-bpe   # the paper's SentencePiece BPE
 """
-import glob
-
 from absl import app, flags
 
 flags.DEFINE_list("corpus", None, "corpus files or globs (one sentence per line)")
@@ -18,9 +16,15 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     from nli_jax.pretraining.vocab import train_vocabulary
-    files = sorted(f for pattern in FLAGS.corpus for f in (glob.glob(pattern) or [pattern]))
-    print(train_vocabulary(files, FLAGS.output_dir, vocab_size=FLAGS.vocab_size, algorithm=FLAGS.algorithm,
-                           lowercase=FLAGS.lowercase))
+    from nli_jax import storage
+    files = storage.local_inputs(FLAGS.corpus)  # local or gs://
+    output_dir = storage.local_output_dir(FLAGS.output_dir)
+    written = train_vocabulary(files, output_dir, vocab_size=FLAGS.vocab_size, algorithm=FLAGS.algorithm,
+                               lowercase=FLAGS.lowercase)
+    if storage.is_remote(FLAGS.output_dir):
+        storage.upload(output_dir, FLAGS.output_dir)
+        written = FLAGS.output_dir
+    print(written)
 
 
 if __name__ == "__main__":

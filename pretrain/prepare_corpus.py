@@ -3,7 +3,6 @@
     python -m pretrain.prepare_corpus --inputs="/data/raw/*.txt" --output_dir=/data/corpus --shards=64 --workers=16
     python -m pretrain.prepare_corpus --inputs=tweets.txt --twitter --output_dir=...   # <username> <hashtag> <email> <links>
 """
-import glob
 import json
 
 from absl import app, flags
@@ -21,10 +20,14 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     from nli_jax.pretraining.corpus import prepare_corpus
-    files = sorted(f for pattern in FLAGS.inputs for f in (glob.glob(pattern) or [pattern]))
-    stats = prepare_corpus(files, FLAGS.output_dir, shards=FLAGS.shards, workers=FLAGS.workers, twitter=FLAGS.twitter,
+    from nli_jax import storage
+    files = storage.local_inputs(FLAGS.inputs)  # local or gs://
+    output_dir = storage.local_output_dir(FLAGS.output_dir)
+    stats = prepare_corpus(files, output_dir, shards=FLAGS.shards, workers=FLAGS.workers, twitter=FLAGS.twitter,
                            lines_are_sentences=FLAGS.lines_are_sentences,
                            max_lines_per_document=FLAGS.max_lines_per_document)
+    if storage.is_remote(FLAGS.output_dir):
+        storage.upload(output_dir, FLAGS.output_dir)
     print(json.dumps({k: v for k, v in stats.items() if k != "shards"}, indent=2))
 
 

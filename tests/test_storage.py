@@ -161,6 +161,30 @@ def test_endpoint_that_does_not_answer_fails_in_seconds(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_prepare_corpus_and_build_vocab_read_and_write_gcs(emulator, tmp_path):
+    """The corpus tools, which read with plain open() in worker processes: inputs downloaded from
+    the bucket, outputs uploaded once complete, nothing under the current directory."""
+    from nli_jax import storage
+    from nli_jax.data import fixture_path
+    storage.copytree(fixture_path("corpus_tiny"), f"gs://{BUCKET}/tools/raw")
+    env = gcs_emulator.env(emulator, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    prepared = subprocess.run([sys.executable, "-m", "pretrain.prepare_corpus", f"--inputs=gs://{BUCKET}/tools/raw/*.txt",
+                               f"--output_dir=gs://{BUCKET}/tools/corpus", "--shards=2", "--workers=1"],
+                              cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    shards = storage.glob(f"gs://{BUCKET}/tools/corpus/*.txt")
+    assert len(shards) == 2 and sum(len(storage.read_text(f)) for f in shards) > 1000
+    vocab = subprocess.run([sys.executable, "-m", "pretrain.build_vocab", f"--corpus=gs://{BUCKET}/tools/corpus/*.txt",
+                            f"--output_dir=gs://{BUCKET}/tools/vocab", "--vocab_size=300"],
+                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert vocab.returncode == 0, vocab.stderr[-2000:]
+    tokens = storage.read_text(f"gs://{BUCKET}/tools/vocab/vocab.txt").split("\n")
+    assert tokens[:1] == ["[PAD]"] and "[MASK]" in tokens and len([t for t in tokens if t]) > 100
+    assert os.listdir(cwd) == []
+
+
 # --- slow: every path in the bucket ---------------------------------------------------------
 
 E2E = ("--config.train.num_epochs=8", "--config.train.checkpoint_every_steps=18",
