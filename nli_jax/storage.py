@@ -172,6 +172,19 @@ def read_text(p) -> str:
     return path(p).read_text(encoding="utf-8")
 
 
+def read_json_object(p) -> dict | None:
+    """The JSON object in file `p`, or None when there is no such file. ValueError (a message
+    without the path: callers say what the file is for) when it is not a JSON object, including
+    bytes that are not UTF-8."""
+    if not isfile(p):
+        return None
+    import json
+    value = json.loads(read_text(p))
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
 def write_bytes(p, data: bytes) -> None:
     """Atomic: a reader sees the old file or the new one, never a part (a GCS object is
     replaced whole; a local file goes through a temporary name and a rename)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from nli_jax import storage
 from nli_jax.errors import RunError
 
 # Families whose MLM and sentence heads transformers' *ForPreTraining classes name as ours do.
@@ -34,7 +35,7 @@ def check_checkpoint(config, building_examples: bool) -> None:
     directory = resolve_directory(init)
     model_type = read_config(directory).get("model_type")
     if model_type not in CONTINUABLE_MODEL_TYPES:
-        raise RunError(f"--config.model.init={init!r}: {os.path.join(directory, CONFIG_NAME)} has model_type "
+        raise RunError(f"--config.model.init={init!r}: {storage.origin(os.path.join(directory, CONFIG_NAME))} has model_type "
                        f"{model_type!r}; pretraining continues only {' or '.join(CONTINUABLE_MODEL_TYPES)} checkpoints "
                        "(MLM with an NSP/SOP head, exported as *ForPreTraining)")
     if building_examples:
@@ -42,6 +43,6 @@ def check_checkpoint(config, building_examples: bool) -> None:
         if not os.path.isfile(os.path.join(vocab_dir, "vocab.txt")):
             key = "tokenizer" if config.model.get("tokenizer") else "init"
             found = sorted(os.listdir(vocab_dir)) if os.path.isdir(vocab_dir) else []
-            raise RunError(f"--config.model.{key}={config.model.get(key)!r}: {vocab_dir} has no vocab.txt (found "
+            raise RunError(f"--config.model.{key}={config.model.get(key)!r}: {storage.origin(vocab_dir)} has no vocab.txt (found "
                            f"{found or 'nothing'}): the corpus is tokenised into examples with a WordPiece vocab.txt, "
                            "as BERT and IndoBERT checkpoints ship it; SentencePiece-only tokenizers are not supported")

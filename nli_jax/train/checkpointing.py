@@ -248,16 +248,11 @@ RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "report.")
 def read_workdir_config(workdir: str) -> dict | None:
     """The config.json of a workdir, or None; an unreadable one is an error naming it."""
     path = os.path.join(workdir, CONFIG_FILE)
-    if not storage.isfile(path):
-        return None
     try:
-        config = json.loads(storage.read_text(path))
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
+        return storage.read_json_object(path)
+    except ValueError as e:  # UnicodeDecodeError included
         raise WorkdirConfigError(f"{path} is unreadable ({_short(e)}): it is not a config nli-jax wrote. Use a new "
                                  f"--workdir, or delete the old one to start over") from None
-    return config
 
 
 def check_workdir_config(workdir: str, config_dict: dict, *, write: bool = True) -> None:

@@ -79,16 +79,11 @@ def fingerprint(*, data: dict[str, str] | None = None, files=None, tokenizer_dir
 
 def read_inputs(workdir: str) -> dict | None:
     path = os.path.join(workdir, INPUTS_FILE)
-    if not storage.isfile(path):
-        return None
     try:
-        recorded = json.loads(storage.read_text(path))
-        if not isinstance(recorded, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
+        return storage.read_json_object(path)
+    except ValueError as e:  # UnicodeDecodeError included
         raise InputsChangedError(f"{path} is unreadable ({type(e).__name__}: {e}); the inputs this workdir trained "
                                  "on are unknown: use a new --workdir, or delete the old one to start over") from None
-    return recorded
 
 
 def differences(recorded: dict, current: dict, parts=None) -> list[str]:

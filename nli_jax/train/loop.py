@@ -144,7 +144,8 @@ def model_inputs(config, model_init: str | None = None) -> ModelInputs:
     encoder_config, model_dir = encoder_config_for(config, tokenizer, model_init)
     source = model_init or config.model.get("init") or f"preset {config.model.preset}"
     validation.check_model_fit(config, task, tokenizer, tokenizer_path, encoder_config, source)
-    if model_dir and os.path.abspath(model_dir) != os.path.abspath(tokenizer_dir):
+    # Both are local by now (resolve_directory downloads a gs:// directory once per process).
+    if model_dir and storage.resolve(model_dir) != storage.resolve(tokenizer_dir):
         _check_same_vocabulary(tokenizer, tokenizer_path, model_dir)
     return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir)
 
@@ -521,8 +522,9 @@ def train(run: RunSetup, plan: Plan | None = None):
     with _Preemption(check_every=log_every) as preemption:
         while step < total_steps and not loop["stopped_early"]:
             local = next(train_iter)
-            reporter.count(int(local["weight"].sum()) * pc, int(local["attention_mask"].sum()) * pc)
-            _count_padding(padding, local["attention_mask"])
+            real_tokens = int(local["attention_mask"].sum())
+            reporter.count(int(local["weight"].sum()) * pc, real_tokens * pc)
+            _count_padding(padding, local["attention_mask"].shape, real_tokens)
             state, metrics = train_step(state, pipeline.to_global(local, batch_sharding))
             step += 1
             pending.append(metrics)
@@ -574,12 +576,12 @@ def train(run: RunSetup, plan: Plan | None = None):
     return state, loop, reused
 
 
-def _count_padding(padding: dict, attention_mask) -> None:
-    length = int(attention_mask.shape[1])
+def _count_padding(padding: dict, shape, real_tokens: int) -> None:
+    rows, length = (int(n) for n in shape)
     padding["lengths"].update(length.to_bytes(4, "little"))
     padding["per_length"][length] = padding["per_length"].get(length, 0) + 1
-    padding["real"] += int(attention_mask.sum())
-    padding["padded"] += int(attention_mask.size)
+    padding["real"] += real_tokens
+    padding["padded"] += rows * length
 
 
 def final_evaluation(run: RunSetup, params, splits: list[str], *, reused: dict | None = None):
