@@ -176,3 +176,28 @@ def test_mlm_accumulated_objective_is_the_global_mean_with_dropout_on():
         s_w += float(sums["sentence_weight"])
     expected = mlm_sum / mlm_w + s_sum / s_w
     np.testing.assert_allclose(float(metrics["loss_sum"] / metrics["weight"]), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
+    """The encoder's Dropout (16 random bits per decision): under jit, on a batch-shaped input
+    with an odd last dimension, elements are dropped at `rate` (within 4 standard errors), kept
+    ones are scaled so the mean is preserved, masks change with the key and rows are not copies
+    of each other (both 16-bit halves of every random word are used independently)."""
+    from nli_jax.models.encoder import Dropout
+    layer = Dropout(rate, rngs=make_rngs(0))
+    x = jnp.ones((64, 33, 129), jnp.float32)
+    apply = jax.jit(lambda key: layer(x, deterministic=False, rngs=key))
+    y = np.asarray(apply(jax.random.key(1, impl="rbg")))
+    dropped = float((y == 0).mean())
+    n = y.size
+    assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / n), dropped
+    np.testing.assert_allclose(np.unique(y[y != 0]), [1 / (1 - round(rate * 65536) / 65536)], rtol=1e-6)
+    assert abs(float(y.mean()) - 1.0) < 4 * np.sqrt(rate / (1 - rate) / n)
+    # Neighbouring elements come from the two halves of one word: no correlation between them.
+    even, odd = (y[..., 0:128:2] == 0).ravel(), (y[..., 1:129:2] == 0).ravel()
+    assert abs(np.corrcoef(even, odd)[0, 1]) < 0.02
+    other = np.asarray(apply(jax.random.key(2, impl="rbg")))
+    assert (other == 0).mean() > 0 and not np.array_equal(other == 0, y == 0)
+    assert not np.array_equal(y[0] == 0, y[1] == 0)
+    assert np.array_equal(np.asarray(layer(x, deterministic=True)), np.asarray(x))

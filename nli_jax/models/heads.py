@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nli_jax.models.config import EncoderConfig
-from nli_jax.models.encoder import EMBED, HIDDEN, VOCAB, activation, dense, layer_norm, partitioned
+from nli_jax.models.encoder import EMBED, HIDDEN, VOCAB, Dropout, activation, dense, layer_norm, partitioned
 
 LABELS = "labels"
 
@@ -55,7 +55,7 @@ class SequenceClassificationHead(nnx.Module):
 
     def __init__(self, config: EncoderConfig, num_labels: int, *, rngs: nnx.Rngs):
         self.config = config
-        self.dropout = nnx.Dropout(config.classifier_dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.classifier_dropout_rate, rngs=rngs)
         self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if config.is_roberta else None
         self.out = dense(config, config.hidden_size, num_labels, (EMBED, LABELS), rngs=rngs)
 
@@ -71,7 +71,7 @@ class SequenceClassificationHead(nnx.Module):
 
 class TokenClassificationHead(nnx.Module):
     def __init__(self, config: EncoderConfig, num_labels: int, *, rngs: nnx.Rngs):
-        self.dropout = nnx.Dropout(config.classifier_dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.classifier_dropout_rate, rngs=rngs)
         self.out = dense(config, config.hidden_size, num_labels, (EMBED, LABELS), rngs=rngs)
 
     def __call__(self, hidden, *, deterministic: bool):
@@ -86,7 +86,7 @@ class MultiAspectHead(nnx.Module):
 
     def __init__(self, config: EncoderConfig, num_aspects: int, num_labels: int, *, rngs: nnx.Rngs):
         self.num_aspects, self.num_labels = num_aspects, num_labels
-        self.dropout = nnx.Dropout(config.classifier_dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.classifier_dropout_rate, rngs=rngs)
         self.out = dense(config, config.hidden_size, num_aspects * num_labels, (EMBED, LABELS), rngs=rngs)
 
     def __call__(self, pooled, *, deterministic: bool):
