@@ -305,6 +305,24 @@ _scratch_dir: str | None = None
 _lock = threading.Lock()
 
 
+class DiskSpaceError(RunError):
+    """Not enough free space for what a tool is about to write."""
+
+
+def check_free_space(p: str, needed: int, *, what: str) -> None:
+    """Refuses, before anything is written, to put `what` (about `needed` bytes) in local
+    directory `p` when its file system has less free. gs:// paths are not checked."""
+    if is_remote(p) or needed <= 0:
+        return
+    existing = os.path.abspath(os.path.expanduser(p))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise DiskSpaceError(f"{p}: {what} need about {needed / 1e9:.2f} GB but its file system has "
+                             f"{free / 1e9:.2f} GB free; free some space or choose another directory")
+
+
 def scratch_dir() -> str:
     """A temporary directory of this process (removed at exit)."""
     global _scratch_dir

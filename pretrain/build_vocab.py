@@ -2,6 +2,8 @@
 
     python -m pretrain.build_vocab --corpus="/data/corpus/*.txt" --output_dir=/data/vocab --vocab_size=30522
     python -m pretrain.build_vocab ... --vocab_size=30000 --algorithm=sentencepiece-bpe   # the paper's SentencePiece BPE
+
+A corpus of more than --sample_sentences lines (2M) is trained on a seeded sample of that size.
 """
 from absl import app, flags
 
@@ -10,6 +12,7 @@ flags.DEFINE_string("output_dir", None, "where vocab.txt and tokenizer_config.js
 flags.DEFINE_integer("vocab_size", 30522, "30,522 for IndoBERT, 30,000 for IndoBERT-lite")
 flags.DEFINE_enum("algorithm", "wordpiece", ["wordpiece", "sentencepiece-bpe"], "training algorithm")
 flags.DEFINE_bool("lowercase", True, "uncased vocabulary, as IndoBERT's")
+flags.DEFINE_integer("sample_sentences", 2_000_000, "train on a seeded sample of this many lines (0 = every line)")
 flags.mark_flags_as_required(["corpus", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -20,7 +23,7 @@ def main(argv):
     files = storage.local_inputs(FLAGS.corpus)  # local or gs://
     output_dir = storage.local_output_dir(FLAGS.output_dir)
     written = train_vocabulary(files, output_dir, vocab_size=FLAGS.vocab_size, algorithm=FLAGS.algorithm,
-                               lowercase=FLAGS.lowercase)
+                               lowercase=FLAGS.lowercase, sample_sentences=FLAGS.sample_sentences)
     if storage.is_remote(FLAGS.output_dir):
         storage.upload(output_dir, FLAGS.output_dir)
         written = FLAGS.output_dir
@@ -28,4 +31,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from nli_jax.train.cli import run_tool
+    run_tool(main)

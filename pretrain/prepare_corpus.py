@@ -32,4 +32,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from nli_jax.train.cli import run_tool
+    run_tool(main)

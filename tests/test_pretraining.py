@@ -85,14 +85,16 @@ def _origin(token):
 
 @pytest.mark.parametrize("task", ["nsp", "sop"])
 def test_segment_pairs(task):
-    docs = _synthetic_documents()
+    docs = _synthetic_documents(400)
     rng = random.Random(1)
     pairs = [(d, p) for d, doc in enumerate(docs) for p in _segment_pairs(
         doc, docs, d, max_seq_length=64, short_seq_prob=0.1, sentence_task=task, rng=rng)]
     labels = [p[0] for _, p in pairs]
-    assert 0.35 < np.mean(labels) < 0.65
+    # SOP swaps at even odds; NSP takes a random next segment at even odds and always for a
+    # one-sentence chunk, so above half (0.60-0.63 on these documents).
+    assert (0.55 < np.mean(labels) < 0.7) if task == "nsp" else (0.44 < np.mean(labels) < 0.56)
     for d, (label, a, b) in pairs:
-        assert a and b and len(a) + len(b) <= 61
+        assert len(a) and len(b) and len(a) + len(b) <= 61
         a_docs = {_origin(t)[0] for t in a}
         b_docs = {_origin(t)[0] for t in b}
         if task == "nsp":
@@ -105,6 +107,27 @@ def test_segment_pairs(task):
             assert a_docs == b_docs == {d}  # SOP never leaves the document
             first_a, first_b = min(a), min(b)
             assert (first_b > first_a) == (label == 0)  # label 1: the two segments were swapped
+
+
+def test_truncation_is_bert_one_token_at_a_time():
+    """_truncate_pair slices once; it must remove what BERT's loop removes with the same coin
+    flips: one token at a time from the longer segment (b on ties), front on heads."""
+    from nli_jax.pretraining.examples import _truncate_pair
+    rng = random.Random(0)
+    for _ in range(2000):
+        a, b = list(range(rng.randint(0, 150))), list(range(1000, 1000 + rng.randint(0, 150)))
+        max_tokens, seed = rng.randint(1, 125), rng.randint(0, 10**9)
+        excess = len(a) + len(b) - max_tokens
+        flips = iter(format(random.Random(seed).getrandbits(excess), f"0{excess}b")) if excess > 0 else iter(())
+        ref_a, ref_b = list(a), list(b)
+        while len(ref_a) + len(ref_b) > max_tokens:
+            longer = ref_a if len(ref_a) > len(ref_b) else ref_b
+            if next(flips) == "1":
+                del longer[0]
+            else:
+                longer.pop()
+        got_a, got_b = _truncate_pair(a, b, max_tokens, random.Random(seed))
+        assert (list(got_a), list(got_b)) == (ref_a, ref_b)
 
 
 def test_short_sequences_follow_short_seq_prob():
@@ -188,7 +211,9 @@ def test_ngram_masking_follows_one_over_n(masked_real_batches):
     cfg = _cfg(vocab, whole_word=True, max_ngram=3)
     out = mask_batch(rows, np.random.default_rng(2), cfg, table, return_spans=True)
     expected = np.array([6, 3, 2]) / 11
-    # The first span tried in a row meets no budget or overlap: its length is the sampled n.
+    # The first span tried in a row meets no budget or overlap: its length is the sampled n,
+    # except that a span starting within n-1 units of the row's end is cut there (a few % of
+    # rows), which moves up to ~0.03 from n=2,3 to n=1; a wrong p(n) moves far more.
     first = out["accepted_ngrams"][0]
     counts = np.bincount(first[first > 0], minlength=4)[1:]
     observed = counts / counts.sum()
@@ -198,7 +223,7 @@ def test_ngram_masking_follows_one_over_n(masked_real_batches):
     overall = np.bincount(every, minlength=4)[1:] / len(every)
     print(f"n-gram n=1,2,3: sampled (first span) {np.round(observed, 3)}, all accepted {np.round(overall, 3)}, "
           f"p ∝ 1/n {np.round(expected, 3)} over {counts.sum()} rows")
-    assert counts.sum() > 1000 and np.abs(observed - expected).max() < 0.03
+    assert counts.sum() > 1000 and np.abs(observed - expected).max() < 0.045
     assert overall[0] > expected[0] and overall[2] < expected[2]
 
 

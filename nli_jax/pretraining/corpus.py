@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from multiprocessing import get_context
 from typing import Iterator
 
@@ -108,24 +109,37 @@ def _pass1(args):
     return docs, sentences
 
 
+def _stored_documents(path: str):
+    """Documents of a bucket part file (blank-line separated), one at a time."""
+    lines = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line == "\n":
+                if lines:
+                    yield "".join(lines)[:-1]
+                lines = []
+            else:
+                lines.append(line)
+    if lines:
+        yield "".join(lines).rstrip("\n")
+
+
 def _pass2(args):
     bucket, tmp_dir, output = args
+    # 16-byte digests only: memory grows with the bucket's document count, never with its text.
     seen, kept, dropped = set(), 0, 0
     parts = sorted(p for p in os.listdir(tmp_dir) if p.startswith(f"b{bucket:05d}."))
     tmp_out = output + ".tmp"
     with open(tmp_out, "w", encoding="utf-8") as out:
         for part in parts:  # file order, then document order: deterministic output
-            with open(os.path.join(tmp_dir, part), encoding="utf-8") as f:
-                for doc in f.read().split("\n\n"):
-                    if not doc.strip():
-                        continue
-                    key = hashlib.blake2b(doc.encode("utf-8"), digest_size=16).digest()
-                    if key in seen:
-                        dropped += 1
-                        continue
-                    seen.add(key)
-                    out.write(doc + "\n\n")
-                    kept += 1
+            for doc in _stored_documents(os.path.join(tmp_dir, part)):
+                key = hashlib.blake2b(doc.encode("utf-8"), digest_size=16).digest()
+                if key in seen:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                out.write(doc + "\n\n")
+                kept += 1
             os.remove(os.path.join(tmp_dir, part))
     os.replace(tmp_out, output)
     return kept, dropped
@@ -139,8 +153,13 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
     if missing:
         raise FileNotFoundError(f"input files not found: {missing}")
     os.makedirs(output_dir, exist_ok=True)
+    # Bucket files hold the corpus once while the shards are written and their parts deleted.
+    from nli_jax import storage
+    total = sum(os.path.getsize(p) for p in inputs)
+    storage.check_free_space(output_dir, int(1.1 * total), what=f"the prepared corpus of {len(inputs)} file(s)")
     tmp_dir = os.path.join(output_dir, ".buckets")
-    os.makedirs(tmp_dir, exist_ok=True)
+    shutil.rmtree(tmp_dir, ignore_errors=True)  # parts of an interrupted run would be mixed in
+    os.makedirs(tmp_dir)
     options = dict(lines_are_sentences=lines_are_sentences, twitter=twitter,
                    max_lines_per_document=max_lines_per_document, min_sentence_chars=min_sentence_chars,
                    min_sentences=min_sentences)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import threading
 from multiprocessing import get_context
 
@@ -28,8 +29,17 @@ from nli_jax import storage
 META = "examples.json"
 
 
-def _segment_pairs(document: list[list[int]], all_documents: list[list[list[int]]], doc_index: int, *,
-                   max_seq_length: int, short_seq_prob: float, sentence_task: str, rng: random.Random):
+_EMPTY = np.zeros(0, np.int32)
+
+
+def _join(segments) -> np.ndarray:
+    return np.concatenate(segments) if segments else _EMPTY
+
+
+def _segment_pairs(document, all_documents, doc_index: int, *, max_seq_length: int, short_seq_prob: float,
+                   sentence_task: str, rng: random.Random):
+    """(label, a, b) segment pairs of one document (a list of sentences, each a sequence of
+    token ids); a and b are int arrays."""
     max_tokens = max_seq_length - (3 if sentence_task != "none" else 2)
     # As in BERT: one target length per document, sometimes short to match fine-tuning inputs.
     target = max_tokens
@@ -42,12 +52,11 @@ def _segment_pairs(document: list[list[int]], all_documents: list[list[list[int]
         if i == len(document) - 1 or length >= target:
             if chunk:
                 if sentence_task == "none":
-                    a = [t for s in chunk for t in s]
-                    b, label = [], 0
+                    a, b, label = _join(chunk), _EMPTY, 0
                 else:
                     a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                    a = [t for s in chunk[:a_end] for t in s]
-                    b, label = [], 0
+                    a = _join(chunk[:a_end])
+                    b, label = _EMPTY, 0
                     if sentence_task == "nsp" and (len(chunk) == 1 or rng.random() < 0.5) and len(all_documents) > 1:
                         label = 1
                         b_target = target - len(a)
@@ -58,38 +67,53 @@ def _segment_pairs(document: list[list[int]], all_documents: list[list[list[int]
                                 break
                         random_doc = all_documents[other]
                         start = rng.randint(0, len(random_doc) - 1)
-                        for s in random_doc[start:]:
-                            b.extend(s)
-                            if len(b) >= b_target:
+                        parts, taken = [], 0
+                        for sentence in random_doc[start:]:
+                            parts.append(sentence)
+                            taken += len(sentence)
+                            if taken >= b_target:
                                 break
+                        b = _join(parts)
                         # The unused sentences go back: they start the next chunk.
                         i -= len(chunk) - a_end
                     else:
-                        b = [t for s in chunk[a_end:] for t in s]
-                        if sentence_task == "sop" and not b and len(a) >= 2:
+                        b = _join(chunk[a_end:])
+                        if sentence_task == "sop" and not len(b) and len(a) >= 2:
                             # one-sentence chunk (tweets): split it at a random token instead
                             cut = rng.randint(1, len(a) - 1)
                             a, b = a[:cut], a[cut:]
-                        if sentence_task == "sop" and b and rng.random() < 0.5:
+                        if sentence_task == "sop" and len(b) and rng.random() < 0.5:
                             a, b, label = b, a, 1
-                _truncate_pair(a, b, max_tokens, rng)
-                if a and (b or sentence_task == "none"):
+                a, b = _truncate_pair(a, b, max_tokens, rng)
+                if len(a) and (len(b) or sentence_task == "none"):
                     yield label, a, b
             chunk, length = [], 0
         i += 1
 
 
-def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
-    while len(a) + len(b) > max_tokens:
-        longer = a if len(a) > len(b) else b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
+def _truncate_pair(a, b, max_tokens: int, rng: random.Random):
+    """(a, b) cut to `max_tokens` together as BERT does: one token at a time from the longer
+    segment (b when they are equal), from the front or the back with even odds. Which segment
+    loses each token follows from the lengths alone, so the coin flips are drawn as one integer
+    of random bits and each segment is sliced once."""
+    len_a, len_b = len(a), len(b)
+    excess = len_a + len_b - max_tokens
+    if excess <= 0:
+        return a, b
+    first = min(excess, abs(len_a - len_b))  # from the longer one until they are equal
+    flips = format(rng.getrandbits(excess), f"0{excess}b")
+    # Then alternately b, a, b, ...
+    a_flips = (flips[:first] if len_a > len_b else "") + flips[first + 1::2]
+    b_flips = (flips[:first] if len_b > len_a else "") + flips[first::2]
+    out = []
+    for segment, segment_flips in ((a, a_flips), (b, b_flips)):
+        front = segment_flips.count("1")
+        out.append(segment[front:len(segment) - (len(segment_flips) - front)])
+    return out[0], out[1]
 
 
-def encode_record(label: int, a: list[int], b: list[int], dtype) -> bytes:
-    return np.asarray([label, len(a), *a, *b], dtype=dtype).tobytes()
+def encode_record(label: int, a, b, dtype) -> bytes:
+    return np.concatenate(([label, len(a)], a, b)).astype(dtype).tobytes()
 
 
 def decode_record(record: bytes, dtype) -> tuple[int, np.ndarray, np.ndarray]:
@@ -126,45 +150,195 @@ def _is_heldout(doc: list[str], permille: int) -> bool:
     return int.from_bytes(key, "little") % 1000 < permille
 
 
+# Text tokenised and paired at a time per worker: memory stays bounded by the window (a few
+# hundred MB of token lists at most), not by the shard, so a 23 GB corpus builds like a 30 MB one.
+# NSP's random second segments come from the same window (BERT's tool draws them from all the
+# documents it holds in memory, which is the same idea at a smaller, fixed size).
+WINDOW_CHARS = 8 << 20
+# Upper bound of tokens per corpus byte for the disk-space check (WordPiece on Indonesian text:
+# 0.55 measured with an English vocabulary, fewer with an Indonesian one).
+TOKENS_PER_BYTE = 0.75
+
+
+def _windows(path: str, window_chars: int):
+    """Documents in windows of about `window_chars`; a tail under half a window joins the window
+    before it, so no window is too small to draw NSP's random segments from."""
+    held, window, size = None, [], 0
+    for doc in _documents(path):
+        window.append(doc)
+        size += sum(len(line) for line in doc)
+        if size >= window_chars:
+            if held is not None:
+                yield held
+            held, window, size = window, [], 0
+    if held is not None and size < window_chars // 2:
+        held, window = held + window, []
+    if held is not None:
+        yield held
+    if window:
+        yield window
+
+
+def encode_sentences(tokenizer, sentences: list[str]) -> tuple[list[np.ndarray], int]:
+    """(token ids of each sentence as int32 arrays, whitespace-separated words) with the WordPiece tokenizer, each
+    distinct word encoded once: sentences are cut at spaces, the distinct words encoded by the
+    Rust tokenizer in pre-tokenized batches (parallel), and the sentences' ids gathered from
+    theirs with numpy. Identical to encoding whole sentences: BERT's normaliser works character
+    by character and its pre-tokenizer splits at spaces anyway (Python's split() is not used:
+    it also splits at characters BERT deletes). About 10% of a window's words are distinct."""
+    if not sentences:
+        return [], 0
+    index: dict[str, int] = {}
+    occurrences, per_sentence = [], []
+    for sentence in sentences:
+        words = [index.setdefault(w, len(index)) for w in sentence.split(" ") if w]
+        occurrences.extend(words)
+        per_sentence.append(len(words))
+    distinct = list(index)
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    chunk = 4096
+    batches = [distinct[i:i + chunk] for i in range(0, len(distinct), chunk)]
+    token_parts, lengths = [], []
+    for words, encoding in zip(batches, inner.encode_batch(batches, is_pretokenized=True, add_special_tokens=False)):
+        word_ids = np.asarray([-1 if w is None else w for w in encoding.word_ids], np.int64)
+        ids = np.asarray(encoding.ids, np.int32)
+        token_parts.append(ids[word_ids >= 0])  # a word's tokens are contiguous, in word order
+        lengths.append(np.bincount(word_ids[word_ids >= 0], minlength=len(words)))
+    tokens = np.concatenate(token_parts) if token_parts else np.zeros(0, np.int32)
+    word_length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    word_start = np.cumsum(word_length) - word_length
+    occurrence = np.asarray(occurrences, np.int64)
+    length = word_length[occurrence]
+    out_end = np.cumsum(length)
+    # Ragged gather: position j of the output block of occurrence k reads tokens[word_start + j].
+    gather = np.repeat(word_start[occurrence] - (out_end - length), length) + np.arange(int(out_end[-1]) if len(out_end) else 0)
+    stream = tokens[gather]
+    ends = np.concatenate([[0], out_end]).astype(np.int64)[np.cumsum(np.asarray(per_sentence, np.int64))]
+    return np.split(stream, ends[:-1]), sum(len(sentence.split()) for sentence in sentences)
+
+
+def _shard_files(output_dir: str, index: int) -> dict[str, str]:
+    return {"train": os.path.join(output_dir, f"train-{index:05d}.array_record"),
+            "heldout": os.path.join(output_dir, f"heldout-{index:05d}.array_record"),
+            "done": os.path.join(output_dir, f"shard-{index:05d}.json")}
+
+
 def _shard_job(args):
     (index, path, vocab_dir, output_dir, max_seq_length, short_seq_prob, sentence_task, dupe_factor, seed,
-     heldout_permille, dtype_name) = args
+     heldout_permille, dtype_name, fingerprint, window_chars) = args
     from array_record.python.array_record_module import ArrayRecordWriter
     from nli_jax.pretraining.vocab import load_fast_tokenizer
     tokenizer = load_fast_tokenizer(vocab_dir)
     dtype = np.dtype(dtype_name)
-    splits = {"train": [], "heldout": []}
-    words = 0
-    for doc in _documents(path):
-        words += sum(len(s.split()) for s in doc)
-        ids = [e.ids for e in tokenizer.encode_batch(doc, add_special_tokens=False)]
-        ids = [s for s in ids if s]
-        if ids:
-            splits["heldout" if _is_heldout(doc, heldout_permille) else "train"].append(ids)
-    counts = {}
-    for split, documents in splits.items():
-        out = os.path.join(output_dir, f"{split}-{index:05d}.array_record")
-        # Uncompressed: token ids do not compress, and the default codec triples the read time.
-        writer = ArrayRecordWriter(out + ".tmp", "group_size:1,uncompressed")
-        n = 0
-        for dupe in range(dupe_factor if split == "train" else 1):
-            rng = random.Random(seed * 1_000_003 + index * 1009 + dupe)
+    files = _shard_files(output_dir, index)
+    # Uncompressed: token ids do not compress, and the default codec triples the read time.
+    writers = {split: ArrayRecordWriter(files[split] + ".tmp", "group_size:1,uncompressed")
+               for split in ("train", "heldout")}
+    # One generator per (split, pass over the corpus), continued across windows: deterministic.
+    rngs = {(split, dupe): random.Random(seed * 1_000_003 + index * 1009 + dupe)
+            for split in ("train", "heldout") for dupe in range(dupe_factor if split == "train" else 1)}
+    counts, words = {"train": 0, "heldout": 0}, 0
+
+    def write_pairs(split, documents):
+        for (name, _), rng in rngs.items():
+            if name != split:
+                continue
             for d, document in enumerate(documents):
                 for label, a, b in _segment_pairs(document, documents, d, max_seq_length=max_seq_length,
                                                   short_seq_prob=short_seq_prob, sentence_task=sentence_task, rng=rng):
-                    writer.write(encode_record(label, a, b, dtype))
-                    n += 1
-        writer.close()
-        os.replace(out + ".tmp", out)
-        counts[split] = n
+                    writers[split].write(encode_record(label, a, b, dtype))
+                    counts[split] += 1
+
+    # Held-out documents (about 1%) are kept for the whole shard and paired at its end, so NSP
+    # draws their random segments from more than the few a window holds.
+    heldout = []
+    try:
+        for window in _windows(path, window_chars):
+            ids, window_words = encode_sentences(tokenizer, [line for doc in window for line in doc])
+            words += window_words
+            train, start = [], 0
+            for doc in window:
+                document = [s for s in ids[start:start + len(doc)] if len(s)]
+                start += len(doc)
+                if not document:
+                    continue
+                if _is_heldout(doc, heldout_permille):
+                    # Copies: the sentences are views of the window's whole token stream, which
+                    # a kept view would hold in memory to the end of the shard.
+                    heldout.append([s.copy() for s in document])
+                else:
+                    train.append(document)
+            write_pairs("train", train)
+            # Released before the next window is read, so at most one window's ids are alive.
+            del ids, train, window
+        write_pairs("heldout", heldout)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    for split in writers:
+        os.replace(files[split] + ".tmp", files[split])
+    # Written last: a shard without its marker is rebuilt on restart, never read as complete.
+    with open(files["done"] + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"fingerprint": fingerprint, "counts": counts, "words": words}, f)
+    os.replace(files["done"] + ".tmp", files["done"])
     return index, counts, words
+
+
+def _read_marker(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            marker = json.load(f)
+        return marker if isinstance(marker, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+_SHARD_NAME = re.compile(r"^(?:(?:train|heldout)-\d{5}\.array_record|shard-\d{5}\.json)(?:\.tmp)?$")
+
+
+def _finished_shards(local_out: str, fingerprints: list[str]) -> set[int]:
+    """Indices of the shards in `local_out` already complete with these settings."""
+    done = set()
+    for index, fingerprint in enumerate(fingerprints):
+        files = _shard_files(local_out, index)
+        marker = _read_marker(files["done"])
+        if (marker and marker.get("fingerprint") == fingerprint
+                and os.path.isfile(files["train"]) and os.path.isfile(files["heldout"])):
+            done.add(index)
+    return done
+
+
+def _clean_output(local_out: str, done: set[int]) -> None:
+    """examples.json removed (a rebuild in progress never looks complete); partial (.tmp) files
+    and shards of other settings or beyond the corpus deleted. Only the builder's own file names
+    are touched."""
+    os.makedirs(local_out, exist_ok=True)
+    if os.path.exists(os.path.join(local_out, META)):
+        os.remove(os.path.join(local_out, META))
+    keep = {os.path.basename(f) for i in done for f in _shard_files(local_out, i).values()}
+    for name in os.listdir(local_out):
+        if _SHARD_NAME.match(name) and name not in keep:
+            os.remove(os.path.join(local_out, name))
+
+
+def _fingerprint(settings: dict, tokenizer_sha: str, path: str, local_path: str, index: int) -> str:
+    stat = os.stat(local_path)
+    payload = json.dumps({**settings, "tokenizer_sha256": tokenizer_sha, "corpus_file": path, "bytes": stat.st_size,
+                          "mtime_ns": stat.st_mtime_ns, "index": index}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
 def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *, max_seq_length: int = 128,
                     short_seq_prob: float = 0.1, sentence_task: str = "nsp", dupe_factor: int = 1, seed: int = 12345,
-                    heldout_permille: int = 10, workers: int = 2, progress: bool = True) -> dict:
+                    heldout_permille: int = 10, workers: int = 2, progress: bool = True,
+                    window_chars: int = WINDOW_CHARS) -> dict:
     """One output shard per corpus shard (train-SSSSS.array_record, heldout-SSSSS.array_record),
-    processed in parallel; writes examples.json with the settings and counts."""
+    processed in parallel in bounded memory; writes examples.json with the settings and counts.
+
+    Restartable: each finished shard leaves a marker (shard-SSSSS.json) with a fingerprint of
+    its settings, corpus file and vocabulary; a rerun keeps those shards and builds the rest,
+    and examples.json, which readers require, is written only once every shard is complete.
+    Free disk space is checked before any shard is written."""
     if sentence_task not in ("nsp", "sop", "none"):
         raise ValueError(f"sentence_task must be nsp, sop or none, got {sentence_task!r}")
     corpus_files = sorted(corpus_files)
@@ -176,31 +350,59 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     # The tokenizer and array_record's writer take local files: gs:// inputs are downloaded to
     # this process's scratch, and a gs:// output_dir is built there and uploaded.
     local_vocab = storage.local_copy(vocab_dir)
-    with open(os.path.join(local_vocab, "vocab.txt"), encoding="utf-8") as f:
-        vocab_size = sum(1 for _ in f)
+    with open(os.path.join(local_vocab, "vocab.txt"), "rb") as f:
+        vocab_bytes = f.read()
+    vocab_size = vocab_bytes.count(b"\n") + (0 if vocab_bytes.endswith(b"\n") or not vocab_bytes else 1)
+    tokenizer_hash = hashlib.sha256(vocab_bytes)
+    config_path = os.path.join(local_vocab, "tokenizer_config.json")  # do_lower_case
+    if os.path.isfile(config_path):
+        with open(config_path, "rb") as f:
+            tokenizer_hash.update(f.read())
     dtype = "uint16" if vocab_size < 65535 else "int32"
     remote_out = storage.is_remote(output_dir)
     local_out = (os.path.join(storage.scratch_dir(), "examples", hashlib.sha256(output_dir.encode()).hexdigest()[:16])
                  if remote_out else output_dir)
-    os.makedirs(local_out, exist_ok=True)
-    jobs = [(i, storage.local_copy(p), local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task,
-             dupe_factor, seed, heldout_permille, dtype) for i, p in enumerate(corpus_files)]
+    settings = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
+                "dupe_factor": dupe_factor, "seed": seed, "dtype": dtype, "heldout_permille": heldout_permille,
+                "window_chars": window_chars}
+    local_files = [storage.local_copy(p) for p in corpus_files]
+    sizes = [os.path.getsize(p) for p in local_files]
+    fingerprints = [_fingerprint(settings, tokenizer_hash.hexdigest(), storage.origin(p), local, i)
+                    for i, (p, local) in enumerate(zip(corpus_files, local_files))]
+    done = _finished_shards(local_out, fingerprints) if os.path.isdir(local_out) else set()
+    todo = [i for i in range(len(local_files)) if i not in done]
+    needed = int(sum(sizes[i] for i in todo) * TOKENS_PER_BYTE * np.dtype(dtype).itemsize * max(1, dupe_factor))
+    # Checked before anything is removed: a refused rebuild leaves the previous build as it was.
+    storage.check_free_space(local_out, needed, what=f"examples for {len(todo)} corpus shard(s)")
+    if remote_out and storage.isfile(os.path.join(output_dir, META)):
+        storage.remove(os.path.join(output_dir, META))  # the bucket's copy is incomplete until re-uploaded
+    _clean_output(local_out, done)
+    jobs = [(i, local_files[i], local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task, dupe_factor,
+             seed, heldout_permille, dtype, fingerprints[i], window_chars) for i in todo]
     from tqdm import tqdm
+    if jobs:
+        with get_context("spawn").Pool(max(1, min(workers, len(jobs)))) as pool:
+            for _ in tqdm(pool.imap_unordered(_shard_job, jobs), total=len(jobs), desc="examples",
+                          disable=not progress):
+                pass
     counts = {"train": 0, "heldout": 0}
     words = 0
-    with get_context("spawn").Pool(max(1, workers)) as pool:
-        for _, c, w in tqdm(pool.imap_unordered(_shard_job, jobs), total=len(jobs), desc="examples",
-                            disable=not progress):
-            counts = {k: counts[k] + c[k] for k in counts}
-            words += w
+    for i in range(len(local_files)):
+        marker = _read_marker(_shard_files(local_out, i)["done"])
+        counts = {k: counts[k] + marker["counts"][k] for k in counts}
+        words += marker["words"]
     meta = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
             "dupe_factor": dupe_factor, "seed": seed, "dtype": dtype, "vocab_size": vocab_size, "vocab_dir":
-            storage.origin(vocab_dir), "counts": counts, "words": words, "shards": len(jobs),
-            "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files]}
+            storage.origin(vocab_dir), "counts": counts, "words": words, "shards": len(local_files),
+            "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files],
+            "reused_shards": len(done)}
     if remote_out:
-        for name in sorted(os.listdir(local_out)):
-            if name.endswith(".array_record"):
-                storage.copy(os.path.join(local_out, name), os.path.join(output_dir, name))
+        names = {name for name in os.listdir(local_out) if name.endswith(".array_record")}
+        for name in storage.listdir(output_dir) if storage.isdir(output_dir) else []:
+            if _SHARD_NAME.match(name) and name not in names:
+                storage.remove(os.path.join(output_dir, name))  # shards of an earlier, larger build
+        for name in sorted(names):
+            storage.copy(os.path.join(local_out, name), os.path.join(output_dir, name))
     # examples.json last: it marks a complete directory.
     storage.write_text(os.path.join(output_dir, META), json.dumps(meta, indent=2))
     return meta

@@ -23,19 +23,25 @@ PLACEHOLDERS = ["<username>", "<hashtag>", "<email>", "<links>"]
 
 def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 30522, algorithm: str = "wordpiece",
                      lowercase: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
-                     sentencepiece_sample: int = 2_000_000) -> str:
+                     sample_sentences: int = 2_000_000, seed: int = 12345) -> str:
     """Trains on `files` (one sentence per line) and writes <output_dir>/vocab.txt plus
-    tokenizer_config.json; returns output_dir."""
+    tokenizer_config.json; returns output_dir.
+
+    As BERT's and SentencePiece's tools do, a corpus of more than `sample_sentences` lines is
+    trained on a sample of that many (each line kept with the same probability, seeded), so
+    time and memory stay those of the sample however large the corpus; 0 = every line."""
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
-    os.makedirs(output_dir, exist_ok=True)
-    if algorithm == "wordpiece":
-        vocab = _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet)
-    elif algorithm == "sentencepiece-bpe":
-        vocab = _sentencepiece_bpe(files, vocab_size, lowercase, sentencepiece_sample)
-    else:
+    if algorithm not in ("wordpiece", "sentencepiece-bpe"):
         raise ValueError(f"unknown vocabulary algorithm {algorithm!r}; expected wordpiece or sentencepiece-bpe")
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output_dir) as tmp:
+        inputs = sample_lines(files, sample_sentences, os.path.join(tmp, "sample.txt"), seed=seed)
+        if algorithm == "wordpiece":
+            vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
+        else:
+            vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
     with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(vocab) + "\n")
     with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
@@ -45,6 +51,35 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
         json.dump({"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                    "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, f, indent=2)
     return output_dir
+
+
+def _count_lines(path: str) -> int:
+    """Non-blank lines, about (the corpus format's single blank lines between documents)."""
+    count = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            count += chunk.count(b"\n") - chunk.count(b"\n\n")
+    return count
+
+
+def sample_lines(files: list[str], sample: int, output: str, *, seed: int = 12345) -> list[str]:
+    """`files` themselves when they hold at most `sample` lines (or sample is 0), else `output`
+    holding about `sample` of their non-blank lines, each kept with probability sample / lines
+    (a seeded draw per line, in file order: one pass, constant memory)."""
+    if not sample:
+        return list(files)
+    total = sum(_count_lines(f) for f in files)
+    if total <= sample:
+        return list(files)
+    import random
+    rng, keep = random.Random(seed), sample / total
+    with open(output, "w", encoding="utf-8") as out:
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if rng.random() < keep and line.strip():
+                        out.write(line.rstrip("\n") + "\n")
+    return [output]
 
 
 def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):

@@ -49,6 +49,18 @@ def run(main) -> None:
     app.run(wrapped, flags_parser=parse_flags)
 
 
+def run_tool(main) -> None:
+    """app.run for the corpus tools (plain absl flags, no config): input errors such as a
+    missing file or too little disk space as one line, exit status 1."""
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except user_errors() as e:
+            report_error(e)
+            sys.exit(1)
+    app.run(wrapped)
+
+
 def parse_flags(argv):
     """absl's flag parsing; a config override naming no field is reported as one line."""
     try:
