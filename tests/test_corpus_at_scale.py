@@ -93,6 +93,49 @@ def test_create_examples_rebuilds_shards_of_other_settings_and_drops_extra_ones(
     assert max(len(r["a"]) + len(r["b"]) for r in source.get_many(range(0, len(source), 97))) <= 64 - 3
 
 
+def test_a_shard_truncated_under_its_marker_is_rebuilt(corpus, minilm_dir, tmp_path):
+    """A host crash can leave a marker beside a shard cut short (the markers record each
+    file's size; data is fsynced before them): that shard is rebuilt, the others kept."""
+    out = tmp_path / "examples"
+    meta = create_examples(corpus[:2], minilm_dir, str(out), workers=1, progress=False)
+    reference = _records(out)
+    train = out / "train-00001.array_record"
+    with open(train, "r+b") as f:
+        f.truncate(train.stat().st_size // 2)
+    rebuilt = create_examples(corpus[:2], minilm_dir, str(out), workers=1, progress=False)
+    assert rebuilt["reused_shards"] == 1 and rebuilt["counts"] == meta["counts"]
+    assert _records(out) == reference
+
+
+def test_free_space_counts_what_a_rebuild_deletes(corpus, minilm_dir, tmp_path, monkeypatch):
+    """Rebuilding in place with other settings on a disk that holds one build is not refused:
+    the previous build's shards, deleted first, count as free."""
+    out = tmp_path / "examples"
+    create_examples(corpus[:2], minilm_dir, str(out), workers=1, progress=False)
+    built = sum(p.stat().st_size for p in out.iterdir())
+    Usage = collections.namedtuple("Usage", "total used free")
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: Usage(10 << 30, (10 << 30) - built // 2, built // 2))
+    meta = create_examples(corpus[:2], minilm_dir, str(out), seed=7, workers=1, progress=False)
+    assert meta["reused_shards"] == 0 and meta["seed"] == 7
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: Usage(10 << 30, (10 << 30) - 1000, 1000))
+    with pytest.raises(storage.DiskSpaceError):  # and with the disk full, refused before deleting anything
+        create_examples(corpus[:2], minilm_dir, str(out), seed=8, workers=1, progress=False)
+    assert (out / "examples.json").exists() and (out / "train-00000.array_record").exists()
+
+
+def test_a_document_longer_than_a_window_is_cut_into_bounded_pieces(tmp_path):
+    """A source without document breaks (one 'document' of 4,000 lines) still tokenises in
+    bounded windows, each with several documents for NSP's random segments."""
+    from nli_jax.pretraining.examples import _windows
+    path = tmp_path / "one_document.txt"
+    lines = [f"kalimat nomor {i} " + "kata " * (i % 17) for i in range(4000)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    windows = list(_windows(str(path), 20_000))
+    assert len(windows) > 5
+    assert all(sum(len(line) for doc in w for line in doc) <= 1.75 * 20_000 and len(w) >= 2 for w in windows)
+    assert [line for w in windows for doc in w for line in doc] == [line.strip() for line in lines]
+
+
 def test_free_disk_space_is_checked_before_anything_is_written(corpus, minilm_dir, tmp_path, monkeypatch):
     Usage = collections.namedtuple("Usage", "total used free")
     monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: Usage(10 << 30, (10 << 30) - 5_000_000, 5_000_000))

@@ -182,6 +182,25 @@ def test_prepare_corpus_and_build_vocab_read_and_write_gcs(emulator, tmp_path):
     assert vocab.returncode == 0, vocab.stderr[-2000:]
     tokens = storage.read_text(f"gs://{BUCKET}/tools/vocab/vocab.txt").split("\n")
     assert tokens[:1] == ["[PAD]"] and "[MASK]" in tokens and len([t for t in tokens if t]) > 100
+
+    # create_examples into the bucket: each shard uploaded as it finishes, its marker last, so a
+    # rerun in a new process (new scratch, new downloads) keeps the shards the bucket holds complete.
+    examples = f"gs://{BUCKET}/tools/examples"
+    cmd = [sys.executable, "-m", "pretrain.create_examples", f"--corpus=gs://{BUCKET}/tools/corpus/*.txt",
+           f"--vocab_dir=gs://{BUCKET}/tools/vocab", f"--output_dir={examples}", "--max_seq_length=32", "--workers=1"]
+    first = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    built = {name: storage.read_bytes(f"{examples}/{name}") for name in storage.listdir(examples)}
+    assert {"train-00000.array_record", "heldout-00001.array_record", "shard-00001.json", "examples.json"} <= set(built)
+    # As a run killed before shard 1's marker was uploaded leaves the bucket.
+    storage.remove(f"{examples}/shard-00001.json")
+    storage.remove(f"{examples}/examples.json")
+    rerun = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    meta = json.loads(storage.read_text(f"{examples}/examples.json"))
+    assert meta["reused_shards"] == 1 and meta["counts"] == json.loads(built["examples.json"])["counts"]
+    assert {name: storage.read_bytes(f"{examples}/{name}") for name in built if name.endswith(".array_record")} == {
+        name: data for name, data in built.items() if name.endswith(".array_record")}
     assert os.listdir(cwd) == []
 
 

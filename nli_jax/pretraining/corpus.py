@@ -153,12 +153,15 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
     if missing:
         raise FileNotFoundError(f"input files not found: {missing}")
     os.makedirs(output_dir, exist_ok=True)
-    # Bucket files hold the corpus once while the shards are written and their parts deleted.
-    from nli_jax import storage
-    total = sum(os.path.getsize(p) for p in inputs)
-    storage.check_free_space(output_dir, int(1.1 * total), what=f"the prepared corpus of {len(inputs)} file(s)")
     tmp_dir = os.path.join(output_dir, ".buckets")
     shutil.rmtree(tmp_dir, ignore_errors=True)  # parts of an interrupted run would be mixed in
+    # Bucket files hold the corpus once; while a bucket is deduplicated its shard grows before
+    # each part is deleted, by up to one part (an input's share of a bucket) per worker. 10% over
+    # for --twitter's placeholders, which can be longer than what they replace.
+    from nli_jax import storage
+    sizes = [os.path.getsize(p) for p in inputs]
+    needed = sum(sizes) + min(max(1, workers), shards) * -(-max(sizes, default=0) // shards)
+    storage.check_free_space(output_dir, int(1.1 * needed), what=f"the prepared corpus of {len(inputs)} file(s)")
     os.makedirs(tmp_dir)
     options = dict(lines_are_sentences=lines_are_sentences, twitter=twitter,
                    max_lines_per_document=max_lines_per_document, min_sentence_chars=min_sentence_chars,

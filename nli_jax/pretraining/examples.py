@@ -160,11 +160,27 @@ WINDOW_CHARS = 8 << 20
 TOKENS_PER_BYTE = 0.75
 
 
+def _bounded_documents(documents, max_chars: int):
+    """Documents longer than `max_chars` (a source without document breaks) cut at sentence
+    boundaries into pieces of about that size, so a window is bounded and holds several documents
+    to draw NSP's random segments from."""
+    for doc in documents:
+        piece, size = [], 0
+        for line in doc:
+            if piece and size + len(line) > max_chars:
+                yield piece
+                piece, size = [], 0
+            piece.append(line)
+            size += len(line)
+        if piece:
+            yield piece
+
+
 def _windows(path: str, window_chars: int):
     """Documents in windows of about `window_chars`; a tail under half a window joins the window
     before it, so no window is too small to draw NSP's random segments from."""
     held, window, size = None, [], 0
-    for doc in _documents(path):
+    for doc in _bounded_documents(_documents(path), max(1, window_chars // 4)):
         window.append(doc)
         size += sum(len(line) for line in doc)
         if size >= window_chars:
@@ -275,56 +291,87 @@ def _shard_job(args):
     finally:
         for writer in writers.values():
             writer.close()
+    sizes = {}
     for split in writers:
+        _fsync(files[split] + ".tmp")  # on disk before the marker that vouches for it
         os.replace(files[split] + ".tmp", files[split])
+        sizes[split] = os.path.getsize(files[split])
     # Written last: a shard without its marker is rebuilt on restart, never read as complete.
     with open(files["done"] + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"fingerprint": fingerprint, "counts": counts, "words": words}, f)
+        json.dump({"fingerprint": fingerprint, "counts": counts, "words": words, "bytes": sizes}, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(files["done"] + ".tmp", files["done"])
+    _fsync(output_dir)
     return index, counts, words
 
 
-def _read_marker(path: str) -> dict | None:
+def _fsync(path: str) -> None:
+    """A file's (or a directory's entries') data to disk: a host crash after the marker is
+    written cannot leave the marker beside a truncated shard."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with open(path, encoding="utf-8") as f:
-            marker = json.load(f)
-        return marker if isinstance(marker, dict) else None
-    except (OSError, ValueError):
-        return None
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _SHARD_NAME = re.compile(r"^(?:(?:train|heldout)-\d{5}\.array_record|shard-\d{5}\.json)(?:\.tmp)?$")
 
 
-def _finished_shards(local_out: str, fingerprints: list[str]) -> set[int]:
-    """Indices of the shards in `local_out` already complete with these settings."""
+def _read_marker(path: str) -> dict | None:
+    try:
+        marker = storage.read_json_object(path)
+    except (OSError, ValueError, storage.StorageError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _finished_shards(out: str, fingerprints: list[str]) -> set[int]:
+    """Indices of the shards in `out` (local or gs://) already complete with these settings:
+    a marker with their fingerprint beside both files at the sizes it recorded."""
+    if not storage.isdir(out):
+        return set()
+    present = set(storage.listdir(out))
     done = set()
     for index, fingerprint in enumerate(fingerprints):
-        files = _shard_files(local_out, index)
+        files = _shard_files(out, index)
+        if os.path.basename(files["done"]) not in present:
+            continue
         marker = _read_marker(files["done"])
-        if (marker and marker.get("fingerprint") == fingerprint
-                and os.path.isfile(files["train"]) and os.path.isfile(files["heldout"])):
+        if not (marker and marker.get("fingerprint") == fingerprint and isinstance(marker.get("bytes"), dict)):
+            continue
+        if all(os.path.basename(files[split]) in present
+               and storage.path(files[split]).stat().length == marker["bytes"].get(split)
+               for split in ("train", "heldout")):
             done.add(index)
     return done
 
 
-def _clean_output(local_out: str, done: set[int]) -> None:
-    """examples.json removed (a rebuild in progress never looks complete); partial (.tmp) files
-    and shards of other settings or beyond the corpus deleted. Only the builder's own file names
-    are touched."""
-    os.makedirs(local_out, exist_ok=True)
-    if os.path.exists(os.path.join(local_out, META)):
-        os.remove(os.path.join(local_out, META))
-    keep = {os.path.basename(f) for i in done for f in _shard_files(local_out, i).values()}
-    for name in os.listdir(local_out):
-        if _SHARD_NAME.match(name) and name not in keep:
-            os.remove(os.path.join(local_out, name))
+def _stale_files(out: str, done: set[int]) -> list[str]:
+    """Files of `out` (local or gs://) that a build keeping shards `done` deletes: partial (.tmp)
+    files and shards of other settings or beyond the corpus. Only the builder's own names."""
+    keep = {os.path.basename(f) for i in done for f in _shard_files(out, i).values()}
+    return [os.path.join(out, name) for name in storage.listdir(out)
+            if _SHARD_NAME.match(name) and name not in keep]
 
 
 def _fingerprint(settings: dict, tokenizer_sha: str, path: str, local_path: str, index: int) -> str:
+    """Settings, vocabulary and corpus file of a shard. A local file is identified by its path,
+    size and mtime; a gs:// file by its URL and contents (its download's mtime is this process's)."""
     stat = os.stat(local_path)
-    payload = json.dumps({**settings, "tokenizer_sha256": tokenizer_sha, "corpus_file": path, "bytes": stat.st_size,
-                          "mtime_ns": stat.st_mtime_ns, "index": index}, sort_keys=True)
+    identity = {"bytes": stat.st_size}
+    path = storage.origin(path)  # a download names its URL
+    if storage.is_remote(path):
+        digest = hashlib.blake2b(digest_size=16)
+        with open(local_path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                digest.update(chunk)
+        identity["blake2b"] = digest.hexdigest()
+    else:
+        identity["mtime_ns"] = stat.st_mtime_ns
+    payload = json.dumps({**settings, "tokenizer_sha256": tokenizer_sha, "corpus_file": path,
+                          **identity, "index": index}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
@@ -367,28 +414,39 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
                 "window_chars": window_chars}
     local_files = [storage.local_copy(p) for p in corpus_files]
     sizes = [os.path.getsize(p) for p in local_files]
-    fingerprints = [_fingerprint(settings, tokenizer_hash.hexdigest(), storage.origin(p), local, i)
+    fingerprints = [_fingerprint(settings, tokenizer_hash.hexdigest(), p, local, i)
                     for i, (p, local) in enumerate(zip(corpus_files, local_files))]
-    done = _finished_shards(local_out, fingerprints) if os.path.isdir(local_out) else set()
+    # A gs:// output_dir keeps its markers in the bucket: a rerun on another host (or after the
+    # scratch directory is gone) reuses the shards that were uploaded complete.
+    done = _finished_shards(output_dir, fingerprints)
     todo = [i for i in range(len(local_files)) if i not in done]
     needed = int(sum(sizes[i] for i in todo) * TOKENS_PER_BYTE * np.dtype(dtype).itemsize * max(1, dupe_factor))
-    # Checked before anything is removed: a refused rebuild leaves the previous build as it was.
+    # Checked before anything is removed (a refused rebuild leaves the previous build as it was),
+    # counting the space the stale files of this directory will free.
+    stale = _stale_files(local_out, done) if not remote_out else []
+    needed -= sum(os.path.getsize(f) for f in stale)
     storage.check_free_space(local_out, needed, what=f"examples for {len(todo)} corpus shard(s)")
-    if remote_out and storage.isfile(os.path.join(output_dir, META)):
-        storage.remove(os.path.join(output_dir, META))  # the bucket's copy is incomplete until re-uploaded
-    _clean_output(local_out, done)
+    if storage.isfile(os.path.join(output_dir, META)):
+        storage.remove(os.path.join(output_dir, META))  # a rebuild in progress never looks complete
+    for f in _stale_files(output_dir, done) if remote_out else stale:
+        storage.remove(f)
+    os.makedirs(local_out, exist_ok=True)
     jobs = [(i, local_files[i], local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task, dupe_factor,
              seed, heldout_permille, dtype, fingerprints[i], window_chars) for i in todo]
     from tqdm import tqdm
     if jobs:
         with get_context("spawn").Pool(max(1, min(workers, len(jobs)))) as pool:
-            for _ in tqdm(pool.imap_unordered(_shard_job, jobs), total=len(jobs), desc="examples",
-                          disable=not progress):
-                pass
+            for index, _, _ in tqdm(pool.imap_unordered(_shard_job, jobs), total=len(jobs), desc="examples",
+                                    disable=not progress):
+                if remote_out:  # each shard as it finishes, its marker last; the local copy freed
+                    local, remote = _shard_files(local_out, index), _shard_files(output_dir, index)
+                    for kind in ("train", "heldout", "done"):
+                        storage.copy(local[kind], remote[kind])
+                        os.remove(local[kind])
     counts = {"train": 0, "heldout": 0}
     words = 0
     for i in range(len(local_files)):
-        marker = _read_marker(_shard_files(local_out, i)["done"])
+        marker = _read_marker(_shard_files(output_dir, i)["done"])
         counts = {k: counts[k] + marker["counts"][k] for k in counts}
         words += marker["words"]
     meta = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
@@ -396,13 +454,6 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
             storage.origin(vocab_dir), "counts": counts, "words": words, "shards": len(local_files),
             "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files],
             "reused_shards": len(done)}
-    if remote_out:
-        names = {name for name in os.listdir(local_out) if name.endswith(".array_record")}
-        for name in storage.listdir(output_dir) if storage.isdir(output_dir) else []:
-            if _SHARD_NAME.match(name) and name not in names:
-                storage.remove(os.path.join(output_dir, name))  # shards of an earlier, larger build
-        for name in sorted(names):
-            storage.copy(os.path.join(local_out, name), os.path.join(output_dir, name))
     # examples.json last: it marks a complete directory.
     storage.write_text(os.path.join(output_dir, META), json.dumps(meta, indent=2))
     return meta
