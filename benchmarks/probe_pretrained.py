@@ -6,8 +6,12 @@
    tokens, so copying the input cannot help): accuracy at those positions, how many distinct tokens
    the model predicts, and the most-frequent-token baseline. A model that predicts one token
    everywhere does not use context yet.
-2. Linear probe on EmoT (IndoNLU): logistic regression on frozen features (mean-pooled last layer,
-   and the pooler output) of the training set, macro-F1 on validation, pretrained vs random init.
+2. Linear probe on EmoT and SmSA (IndoNLU): logistic regression on frozen features (mean-pooled
+   last layer, and the pooler output) of the training set, macro-F1 on validation, pretrained vs
+   the same shape from random init, or vs --baseline (e.g. the checkpoint a continued pretraining
+   run started from). No fine-tuning seeds: the probe is deterministic, so small differences show.
+
+    python benchmarks/probe_pretrained.py --export=/tmp/cg/pretrain/export --corpus=... --baseline=<init checkpoint>
 """
 from __future__ import annotations
 
@@ -66,6 +70,8 @@ def main():
     parser.add_argument("--export", required=True, help="a pretraining run's <workdir>/export")
     parser.add_argument("--corpus", required=True, help="a prepared corpus file (sentences for the context check)")
     parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser.add_argument("--baseline", default="", help="a Hugging Face directory to compare with (default: random init)")
+    parser.add_argument("--tasks", default="emot,smsa")
     args = parser.parse_args()
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import f1_score
@@ -80,25 +86,36 @@ def main():
     pretrained = ForMaskedLM.from_pretrained(args.export)
     print("context check (pretrained):", context_check(pretrained, tokenizer, lines))
 
-    emot = os.path.join(args.data, "indonlu", "emot_emotion-twitter")
-    if not os.path.isdir(emot):
-        sys.exit(f"no EmoT at {emot}: linear probe skipped")
+    readers = {"emot": ("emot_emotion-twitter", "csv"), "smsa": ("smsa_doc-sentiment-prosa", "tsv")}
 
-    def read(split):
-        with open(os.path.join(emot, f"{split}_preprocess.csv"), encoding="utf-8") as f:
-            rows = list(csv.reader(f))[1:]
-        return [r[1] for r in rows], [r[0] for r in rows]
-    (train_x, train_y), (val_x, val_y) = read("train"), read("valid")
+    def read(task, split):
+        folder, kind = readers[task]
+        path = os.path.join(args.data, "indonlu", folder, f"{split}_preprocess.{kind}")
+        with open(path, encoding="utf-8", newline="") as f:
+            if kind == "csv":  # EmoT: header, then label,tweet
+                rows = list(csv.reader(f))[1:]
+                return [r[1] for r in rows], [r[0] for r in rows]
+            rows = [line.rstrip("\n").rsplit("\t", 1) for line in f if line.strip()]  # SmSA: text<TAB>label
+            return [r[0] for r in rows], [r[1] for r in rows]
+
     encoder = EncoderModel.from_pretrained(args.export)
-    encoders = {"pretrained": encoder, "random init": EncoderModel(encoder.config, rngs=make_rngs(0))}
-    for name, encoder in encoders.items():
-        a, b = features(encoder, tokenizer, train_x), features(encoder, tokenizer, val_x)
-        for kind in ("mean", "pooled"):
-            mu, sd = a[kind].mean(0), a[kind].std(0) + 1e-6
-            clf = LogisticRegression(max_iter=2000).fit((a[kind] - mu) / sd, train_y)
-            f1 = f1_score(val_y, clf.predict((b[kind] - mu) / sd), average="macro")
-            print(f"EmoT linear probe, {kind} features, {name}: validation macro-F1 {100 * f1:.2f}")
-
+    if args.baseline:
+        encoders = {"pretrained": (encoder, tokenizer),
+                    "baseline": (EncoderModel.from_pretrained(args.baseline), load_tokenizer(args.baseline))}
+    else:
+        encoders = {"pretrained": (encoder, tokenizer), "random init": (EncoderModel(encoder.config, rngs=make_rngs(0)), tokenizer)}
+    for task in args.tasks.split(","):
+        if not os.path.isdir(os.path.join(args.data, "indonlu", readers[task][0])):
+            print(f"no {task} under {args.data}/indonlu: its probe skipped")
+            continue
+        (train_x, train_y), (val_x, val_y) = read(task, "train"), read(task, "valid")
+        for name, (model, tok) in encoders.items():
+            a, b = features(model, tok, train_x), features(model, tok, val_x)
+            for kind in ("mean", "pooled"):
+                mu, sd = a[kind].mean(0), a[kind].std(0) + 1e-6
+                clf = LogisticRegression(max_iter=2000).fit((a[kind] - mu) / sd, train_y)
+                f1 = f1_score(val_y, clf.predict((b[kind] - mu) / sd), average="macro")
+                print(f"{task} linear probe, {kind} features, {name}: validation macro-F1 {100 * f1:.2f}", flush=True)
 
 if __name__ == "__main__":
     main()
