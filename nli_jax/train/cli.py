@@ -38,27 +38,26 @@ def report_error(error: BaseException) -> None:
         sys.stderr.write(message + "\n")
 
 
-def run(main) -> None:
-    """app.run with one-line reports of config-key mistakes and input errors (exit status 1)."""
+def _reporting_input_errors(main):
+    """`main` with config-key mistakes and input errors reported as one line (exit status 1)."""
     def wrapped(argv):
         try:
             return main(argv)
         except user_errors() as e:
             report_error(e)
             sys.exit(1)
-    app.run(wrapped, flags_parser=parse_flags)
+    return wrapped
+
+
+def run(main) -> None:
+    """app.run with one-line reports of config-key mistakes and input errors (exit status 1)."""
+    app.run(_reporting_input_errors(main), flags_parser=parse_flags)
 
 
 def run_tool(main) -> None:
     """app.run for the corpus tools (plain absl flags, no config): input errors such as a
     missing file or too little disk space as one line, exit status 1."""
-    def wrapped(argv):
-        try:
-            return main(argv)
-        except user_errors() as e:
-            report_error(e)
-            sys.exit(1)
-    app.run(wrapped)
+    app.run(_reporting_input_errors(main))
 
 
 def parse_flags(argv):
