@@ -14,13 +14,20 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# As the command line does, before JAX runs anything (PyTorch shares the process and the allocator).
+from nli_jax.train import host_memory  # noqa: E402
+
+host_memory.keep_temporaries_in_heap()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 
 def default_checkpoint() -> str:

@@ -6,6 +6,12 @@ import pytest
 # Tests run on the CPU; some tests ask for fake devices themselves in subprocesses.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# As the command line does before JAX runs anything: XLA:CPU step temporaries kept in the heap
+# instead of a fresh mmap per step (nli_jax.train.host_memory).
+from nli_jax.train import host_memory  # noqa: E402
+
+host_memory.keep_temporaries_in_heap()
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = pathlib.Path(os.environ.get("NLI_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -50,7 +50,12 @@ def _reporting_input_errors(main):
 
 
 def run(main) -> None:
-    """app.run with one-line reports of config-key mistakes and input errors (exit status 1)."""
+    """app.run with one-line reports of config-key mistakes and input errors (exit status 1).
+
+    On a CPU-only machine, XLA's per-step temporaries are first kept in the heap
+    (nli_jax.train.host_memory): this must precede anything JAX runs."""
+    from nli_jax.train import host_memory
+    host_memory.keep_temporaries_in_heap()
     app.run(_reporting_input_errors(main), flags_parser=parse_flags)
 
 
