@@ -1,10 +1,23 @@
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
 # Tests run on the CPU; some tests ask for fake devices themselves in subprocesses.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One XLA compilation cache for the session, inherited by the command-line runs the tests start in
+# subprocesses: they compile the same cpu_test programs again and again. Private to this run
+# (a cache directory is trusted code) and removed at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _xla_cache = tempfile.mkdtemp(prefix="nli_jax_test_xla_cache_")
+    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # As the command line does before JAX runs anything: XLA:CPU step temporaries kept in the heap
 # instead of a fresh mmap per step (nli_jax.train.host_memory).
