@@ -40,11 +40,15 @@ Runs are strictly sequential; the side that goes first alternates from seed to s
 length: mean ± sample std over seeds, and nli-jax / transformers ratios of the means
 (end-to-end time: < 1 means nli-jax is faster; throughputs: > 1 means nli-jax is faster).
 
-nli-jax pads each batch to the smallest length bucket of config.data.buckets (32, 64, 128,
-256, 512) that holds its longest row, so that it compiles one step per bucket; transformers
-pads to the longest row. padded_tokens_per_example reports what each side computed on
-(--buckets=... passes another --config.data.buckets to nli-jax). Both subprocesses get
-JAX_PLATFORMS=cpu unless it is set.
+nli-jax packs each training batch (data.packing, on by default: several pairs per row, rows as
+long as the smallest bucket of config.data.buckets (32, 64, 128, 256, 512) that holds the
+batch's longest pair, each pair attending to itself only) and pads evaluation batches to
+buckets, so that it compiles a few shapes; transformers pads each batch to its longest row.
+padded_tokens_per_example reports what each side's training steps computed on (rows x length
+per example; --buckets=... passes another --config.data.buckets to nli-jax, --no_packing turns
+packing off). Both subprocesses get JAX_PLATFORMS=cpu unless it is set. nli-jax compiles from
+cold in every run: JAX_COMPILATION_CACHE_DIR is removed from its environment, so no run reuses
+an earlier one's programs.
 """
 from __future__ import annotations
 
@@ -158,6 +162,8 @@ def nli_jax_flags(spec: dict) -> list[str]:
         f"--config.train.eval_every_steps={steps}",  # one evaluation, at the end
         f"--workdir={spec['run_dir']}",
     ]
+    if spec.get("no_packing"):
+        flags.insert(5, "--config.data.packing=False")
     if spec.get("buckets"):
         flags.insert(5, f"--config.data.buckets={tuple(spec['buckets'])}")
     return flags
@@ -276,6 +282,8 @@ def nli_jax_result(spec: dict, wall: float) -> dict:
             "eval_compile_s": comp.get("eval", 0.0), "setup_s": excl.get("setup", 0.0),
             "checkpoint_s": excl.get("checkpoint", 0.0), "end_to_end_s": wall,
             "accuracy": float(results["splits"]["validation"]["accuracy"]),
+            # rows x length of every training step (several pairs per row when packed)
+            "padded_tokens_per_example": results["train_tokens"]["computed"] / train_examples,
             "nli_jax_log_examples_per_s": log_rate, "buckets": t["config_buckets"] if not spec.get("buckets")
             else spec["buckets"], "devices": t["devices"], "jax": t["jax"]}
 
@@ -351,6 +359,7 @@ def run_side(side: str, spec: dict, log_path: str) -> dict:
         json.dump(spec, f, indent=2)
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # every run compiles from cold
     cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={side}", f"--_spec={json.dumps(spec)}"]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -365,12 +374,6 @@ def run_side(side: str, spec: dict, log_path: str) -> dict:
     with open(spec["timings"]) as f:
         result = json.load(f)
     return dict(result, end_to_end_s=wall)
-
-
-def bucketed(lengths: list[int], buckets: list[int], max_len: int) -> list[int]:
-    """nli_jax.train.loop.setup + pipeline.pad_batch: the smallest bucket <= max_len holding the row."""
-    usable = sorted({b for b in buckets if b <= max_len} | {max_len})
-    return [next(b for b in usable if b >= n) for n in lengths]
 
 
 def mean_std(values: list[float]) -> dict:
@@ -458,6 +461,7 @@ def main():
     parser.add_argument("--eval_batch_size", type=int, default=64, help="both sides (nli-jax's default is 64)")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--sides", default="nli-jax,transformers")
+    parser.add_argument("--no_packing", action="store_true", help="nli-jax pads training batches instead of packing")
     parser.add_argument("--buckets", default="", help="nli-jax's data.buckets (default: the config's)")
     parser.add_argument("--workdir", default=None, help="default: a new temporary directory")
     parser.add_argument("--json", help="also write the results here")
@@ -506,6 +510,7 @@ def main():
                 spec = {"model": model, "data": data_dir, "train_examples": n_train, "max_seq_length": L,
                         "seed": seed, "epochs": args.epochs, "batch_size": args.batch_size,
                         "eval_batch_size": args.eval_batch_size, "lr": args.lr, "buckets": buckets,
+                        "no_packing": args.no_packing,
                         "tfds_dir": os.path.join(workdir, "tfds"), "run_dir": os.path.join(run_dir, "run"),
                         "timings": os.path.join(run_dir, "timings.json")}
                 if side == "nli-jax":
@@ -523,9 +528,6 @@ def main():
                 lengths_t = mine["transformers"]["batch_lengths"]
                 per_example = sum(lengths_t) / len(lengths_t)
                 mine["transformers"]["padded_tokens_per_example"] = per_example
-                if "nli-jax" in mine:
-                    b = bucketed(lengths_t, mine["nli-jax"]["buckets"], L)
-                    mine["nli-jax"]["padded_tokens_per_example"] = sum(b) / len(b)
     for r in runs:
         r.pop("batch_lengths", None)
 
@@ -536,7 +538,8 @@ def main():
     result = {
         "settings": {"model": model, "data": os.path.abspath(args.data), "train_pairs": n_train, "eval_pairs": n_eval,
                      "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
-                     "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir},
+                     "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir,
+                     "nli_jax_packing": not args.no_packing},
         "environment": {"cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
                         "python": platform.python_version(), **versions},
         "timing": "wall clock per phase; train includes tokenisation (and compilation for nli-jax: train_compile_s); "

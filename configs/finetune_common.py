@@ -20,6 +20,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_seq_length = 128
     c.data.buckets = (32, 64, 128, 256, 512)  # pad each batch to the smallest bucket that fits
     c.data.pad_to_max_length = False  # True on TPU: one compiled shape
+    # Training batches of sequence-level tasks put several examples in one row, each attending
+    # to itself only (no padding computed): same loss, a third fewer tokens on IndoNLI at 128.
+    c.data.packing = True
     c.data.hypothesis_only = False
     c.data.word_alignment = "average"  # word-level tasks: "average" of sub-tokens or "first" sub-token
     c.data.train_size = ""  # OCNLI: 50k / 30k / 10k / 3k

@@ -121,11 +121,13 @@ class Embeddings(nnx.Module):
             return jnp.cumsum(not_pad, axis=1) * not_pad + c.pad_token_id
         return jnp.broadcast_to(jnp.arange(input_ids.shape[1])[None, :], input_ids.shape)
 
-    def __call__(self, input_ids, token_type_ids, *, deterministic: bool):
+    def __call__(self, input_ids, token_type_ids, *, deterministic: bool, position_ids=None):
         if input_ids.shape[1] + self.config.position_offset > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings} (offset {self.config.position_offset})")
-        x = self.word(input_ids) + self.position(self.position_ids(input_ids)) + self.token_type(token_type_ids)
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        x = self.word(input_ids) + self.position(position_ids) + self.token_type(token_type_ids)
         x = self.norm(x.astype(jnp.float32)).astype(self.config.compute_dtype)
         return self.dropout(x, deterministic=deterministic)
 
@@ -168,8 +170,10 @@ class SelfAttention(nnx.Module):
     def _attend(self, q, k, v, attention_mask, *, deterministic: bool):
         scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=jnp.float32)  # [b, h, q, k]
         # Masked keys get the most negative finite value, as Hugging Face's additive mask does,
-        # so even all-padding rows stay finite.
-        scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        # so even all-padding rows stay finite. The mask is [b, k] (padding), or [b, q, k] for
+        # packed rows (each query sees its own example's keys only).
+        mask = attention_mask[:, None, None, :] if attention_mask.ndim == 2 else attention_mask[:, None]
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(self.config.compute_dtype)
         if not deterministic:
             probs = self.attention_dropout(probs, deterministic=False)
@@ -221,8 +225,23 @@ def _run_layer(layer: TransformerLayer, x, attention_mask, deterministic: bool):
 _run_layer_remat = nnx.remat(_run_layer, static_argnums=(3,))
 
 
+def first_tokens(x, packing=None):
+    """Each example's first-token ([CLS] / <s>) hidden state: x[:, 0], or for packed rows
+    (nli_jax.data.pipeline.pack_batch) the token at each example's `cls_index` in its group's
+    rows flattened: [examples, hidden] in example order either way."""
+    if packing is None:
+        return x[:, 0]
+    cls_index = packing["cls_index"]  # [groups, examples per group]
+    grouped = x.reshape(cls_index.shape[0], -1, x.shape[-1])
+    return jnp.take_along_axis(grouped, cls_index[:, :, None], axis=1).reshape(-1, x.shape[-1])
+
+
 class Encoder(nnx.Module):
-    """Embeddings + transformer stack (+ optional pooler). Returns (hidden_states, pooled)."""
+    """Embeddings + transformer stack (+ optional pooler). Returns (hidden_states, pooled).
+
+    `packing` ({segment_ids, position_ids, cls_index} of nli_jax.data.pipeline.pack_batch):
+    rows hold several examples; attention stays inside each, positions restart at each, and
+    `pooled` has one row per example rather than per row."""
 
     def __init__(self, config: EncoderConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
         self.config = config
@@ -235,17 +254,26 @@ class Encoder(nnx.Module):
         self.schedule = config.layer_schedule()
         self.pooler = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if add_pooler else None
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 packing=None):
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids, dtype=bool)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         attention_mask = attention_mask.astype(bool)
-        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic)
+        position_ids = None
+        if packing is not None:
+            segments = packing["segment_ids"]
+            attention_mask = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+            position_ids = packing["position_ids"]
+            if self.config.is_roberta:  # as Embeddings.position_ids: from pad_token_id + 1, padding at pad_token_id
+                pad = self.config.pad_token_id
+                position_ids = jnp.where(segments > 0, position_ids + pad + 1, pad)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, position_ids=position_ids)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         run = _run_layer_remat if self.config.remat else _run_layer
         for index in self.schedule:
             x = run(self.layers[index], x, attention_mask, deterministic)
-        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        pooled = jnp.tanh(self.pooler(first_tokens(x, packing))) if self.pooler is not None else None
         return x, pooled

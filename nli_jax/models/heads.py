@@ -59,9 +59,10 @@ class SequenceClassificationHead(nnx.Module):
         self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if config.is_roberta else None
         self.out = dense(config, config.hidden_size, num_labels, (EMBED, LABELS), rngs=rngs)
 
-    def __call__(self, hidden, pooled, *, deterministic: bool):
+    def __call__(self, first, pooled, *, deterministic: bool):
+        """first: each example's first-token hidden state (encoder.first_tokens); pooled: the pooler's output."""
         if self.dense is not None:
-            x = self.dropout(hidden[:, 0], deterministic=deterministic)
+            x = self.dropout(first, deterministic=deterministic)
             x = jnp.tanh(self.dense(x))
         else:
             x = pooled

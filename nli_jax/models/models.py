@@ -9,7 +9,7 @@ from __future__ import annotations
 from flax import nnx
 
 from nli_jax.models.config import EncoderConfig
-from nli_jax.models.encoder import Encoder
+from nli_jax.models.encoder import Encoder, first_tokens
 from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, SentenceHead, SequenceClassificationHead,
                                   TokenClassificationHead)
 
@@ -81,9 +81,12 @@ class ForSequenceClassification(PretrainedModel):
     def head_arguments(self):
         return {"num_labels": self.num_labels}
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
-        hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
-        return self.classifier(hidden, pooled, deterministic=deterministic)
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 packing=None):
+        """packing: several examples per row (nli_jax.data.pipeline.pack_batch); logits per example."""
+        hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
+                                      packing=packing)
+        return self.classifier(first_tokens(hidden, packing), pooled, deterministic=deterministic)
 
 
 class ForTokenClassification(PretrainedModel):
@@ -115,6 +118,8 @@ class ForMultiAspectClassification(PretrainedModel):
     def head_arguments(self):
         return {"num_aspects": self.num_aspects, "num_labels": self.num_labels}
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
-        _, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 packing=None):
+        _, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
+                                 packing=packing)
         return self.classifier(pooled, deterministic=deterministic)

@@ -41,6 +41,9 @@ class Task(abc.ABC):
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
     train_split: str = "train"
     validation_split: str = "validation"
+    # Whether training batches may put several examples in one row (data.packing,
+    # pipeline.pack_batch): tasks with one prediction per example from its first token.
+    packs_examples: bool = False
 
     @abc.abstractmethod
     def load(self, config, workdir: str | None = None) -> dict[str, Any]:

@@ -26,6 +26,13 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
+def packing_of(batch) -> dict | None:
+    """The packing fields of a batch made by pipeline.pack_batch, or None for padded rows."""
+    if "segment_ids" not in batch:
+        return None
+    return {k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")}
+
+
 def check_length(length: int, max_length: int) -> None:
     """Tokenizers return an untruncated encoding (with a warning) when max_length is shorter
     than their special tokens: that must never reach the model as if it were truncated."""
@@ -37,18 +44,21 @@ def check_length(length: int, max_length: int) -> None:
 class ClassificationTask(Task):
     """One label per example from the pooled encoder output."""
     labels: tuple[str, ...] = ()
+    packs_examples = True
 
     def model_class_and_kwargs(self, config):
         return ForSequenceClassification, {"num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
+                       packing=packing_of(batch))
         loss_sum, weight = weighted_cross_entropy(logits, batch["label"], batch["weight"])
         correct, _ = weighted_accuracy(logits, batch["label"], batch["weight"])
         return loss_sum, weight, {"correct": correct}
 
     def predict(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True,
+                       packing=packing_of(batch))
         return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1)}
 
     def prediction_records(self, split, examples, predictions):
@@ -67,19 +77,22 @@ class MultiAspectTask(Task):
     """One softmax per aspect; loss averaged over (example, aspect) pairs."""
     aspects: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
+    packs_examples = True
 
     def model_class_and_kwargs(self, config):
         return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
+                       packing=packing_of(batch))
         weights = jnp.broadcast_to(batch["weight"][:, None], batch["labels"].shape)
         loss_sum, weight = weighted_cross_entropy(logits, batch["labels"], weights)
         correct, _ = weighted_accuracy(logits, batch["labels"], weights)
         return loss_sum, weight, {"correct": correct}
 
     def predict(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True,
+                       packing=packing_of(batch))
         return {"prediction": jnp.argmax(logits, -1)}
 
 

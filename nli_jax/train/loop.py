@@ -329,6 +329,7 @@ class Plan:
     accumulation: int
     steps_per_epoch: int
     total_steps: int
+    data_parallel: int = 1
 
 
 def plan_training(run: RunSetup) -> Plan:
@@ -372,7 +373,24 @@ def plan_training(run: RunSetup) -> Plan:
         log.warning("train.max_steps=%d stops the run inside the %d warmup steps: the learning rate reaches only "
                     "%.2g of optimizer.lr", total_steps, warmup, total_steps / warmup)
     return Plan(train_source=train_source, global_batch=global_batch, accumulation=accumulation,
-                steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+                steps_per_epoch=steps_per_epoch, total_steps=total_steps, data_parallel=data_parallel)
+
+
+def train_collate(run: RunSetup, plan: Plan) -> Callable:
+    """The training batches' collate: with data.packing, for tasks that predict once per example
+    from its first token, several examples per row (pipeline.pack_batch), packed in one group
+    per data-parallel shard and micro-batch so that each example stays on its row's device;
+    otherwise the evaluation's padding to length buckets."""
+    collate = run.collate
+    if not (run.config.data.get("packing", False) and run.task.packs_examples
+            and isinstance(collate, functools.partial) and collate.func is pipeline.pad_batch):
+        return collate
+    pc = jax.process_count()
+    groups = plan.accumulation * plan.data_parallel
+    if groups % pc or (plan.global_batch // groups) * groups != plan.global_batch:
+        return collate  # shards that do not line up with processes or examples: plain padding
+    return functools.partial(pipeline.pack_batch, buckets=collate.keywords["buckets"],
+                             pad_values=collate.keywords["pad_values"], groups=groups // pc)
 
 
 def _run(config, workdir: str) -> dict:
@@ -417,7 +435,7 @@ def _run(config, workdir: str) -> dict:
     eval_splits = [s for s in config.eval_splits if s in run.splits]
     results, records = final_evaluation(run, params, eval_splits, reused=reused)
     results.update(steps=loop["steps"], best_step=loop["best_step"], stopped_early=loop["stopped_early"],
-                   history=loop["history"])
+                   history=loop["history"], train_tokens=loop["train_tokens"])
     if config.get("export_final", False):
         # The final parameters: pretraining's export (fine-tunes with model.init).
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
@@ -457,6 +475,7 @@ def train(run: RunSetup, plan: Plan | None = None):
     global_batch, accumulation = plan.global_batch, plan.accumulation
     batch_sharding = run.batch_sharding
     train_source = plan.train_source
+    collate = train_collate(run, plan)
     if task.train_split == "train":
         run.splits = dict(run.splits, train=train_source)
     steps_per_epoch, total_steps = plan.steps_per_epoch, plan.total_steps
@@ -479,10 +498,10 @@ def train(run: RunSetup, plan: Plan | None = None):
     # Several processes: each pads its rows to the bucket of the global batch's longest row, known
     # from every example's length (gathered once here), so shapes agree with no per-step exchange.
     lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
-               if pc > 1 and pipeline.is_bucketing(run.collate) else None)
+               if pc > 1 and (pipeline.is_bucketing(collate) or pipeline.is_packing(collate)) else None)
     train_iter = iter(pipeline.train_dataset(
         train_source, run.encode, local_batch_size=global_batch // pc, seed=int(config.train.seed),
-        num_epochs=int(config.train.num_epochs), collate=run.collate, process_index=pi, process_count=pc,
+        num_epochs=int(config.train.num_epochs), collate=collate, process_index=pi, process_count=pc,
         workers=int(config.data.get("workers", 0)), lengths=lengths))
 
     ckpt = Checkpointer(workdir, keep=int(config.train.get("keep_checkpoints", 2)),
@@ -515,6 +534,9 @@ def train(run: RunSetup, plan: Plan | None = None):
     log.info("task %s | %s %s, %.1fM parameters | mesh %s | %d train examples, %d steps/epoch, %d steps | "
              "batch %d (accumulation %d)", task.name, type(model).__name__, model.config.model_type, n_params / 1e6,
              dict(mesh.shape), len(train_source), steps_per_epoch, total_steps, global_batch, accumulation)
+    if pipeline.is_packing(collate):
+        log.info("training batches packed (data.packing): several examples per row, each attending to itself, "
+                 "in %d group(s) per process", collate.keywords["groups"])
 
     best_evaluation = None  # (step, report, records) of the best evaluation made in this process
     pending = []
@@ -569,7 +591,9 @@ def train(run: RunSetup, plan: Plan | None = None):
                  "real token", pi, padding["lengths"].hexdigest()[:12],
                  ", ".join(f"{n}: {c}" for n, c in sorted(padding["per_length"].items())),
                  (padding["padded"] - padding["real"]) / padding["real"])
-    loop = dict(loop, steps=step)
+    # Tokens the steps computed on (rows x length, padding included) and real ones, for this
+    # process's steps of this invocation (a resumed run counts from its resume).
+    loop = dict(loop, steps=step, train_tokens={"computed": padding["padded"], "real": padding["real"]})
     reused = None
     if best_evaluation is not None and best_evaluation[0] == loop["best_step"]:
         reused = {task.validation_split: best_evaluation[1:]}

@@ -93,6 +93,7 @@ FIELDS: dict[str, Field] = {
     "data.max_seq_length": _int(1),
     "data.buckets": Field("ints", 1),
     "data.pad_to_max_length": BOOL,
+    "data.packing": BOOL,
     "data.hypothesis_only": BOOL,
     "data.word_alignment": Field("choice", choices=("average", "first")),
     "data.train_size": Field("choice", choices=("", "50k", "30k", "10k", "3k")),

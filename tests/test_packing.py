@@ -1,0 +1,185 @@
+"""Packed training batches (data.packing): several examples per row, each attending to itself.
+
+What a user relies on: a packed batch trains exactly as the padded one (same logits, loss and
+update through the loop's jitted step, real checkpoint, to float32 summation tolerance); every
+example is in the batch once, its first token where `cls_index` says; processes agree on shapes
+with no communication; the command line packs and computes on fewer tokens.
+"""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from nli_jax.data import pipeline
+from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, make_rngs, preset
+from nli_jax.tasks import get_task
+from nli_jax.train.optimizers import make_optimizer
+from nli_jax.train.steps import make_train_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAD = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}
+BUCKETS = (16, 32, 64)
+
+
+def _rows(lengths, seed=0, vocab=1000):
+    """Encoded pair-like rows: [CLS]=101 first, a random token_type split, label, weight, idx."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, n in enumerate(lengths):
+        ids = rng.integers(5, vocab, n).astype(np.int32)
+        ids[0] = 101
+        types = (np.arange(n) >= rng.integers(1, n)).astype(np.int32) if n > 1 else np.zeros(1, np.int32)
+        rows.append({"input_ids": ids, "attention_mask": np.ones(n, np.int32), "token_type_ids": types,
+                     "label": np.int32(i % 3), "weight": np.float32(1.0 if i % 7 else 0.0), "idx": np.int32(i)})
+    return rows
+
+
+def test_first_fit_decreasing_keeps_every_item_once_within_capacity():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(1, 65, rng.integers(1, 40))
+        bins = pipeline.first_fit_decreasing(lengths, 64)
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in b) <= 64 for b in bins)
+        # first fit decreasing uses at most 11/9 OPT + 1 bins; OPT >= total / capacity
+        assert len(bins) <= 11 / 9 * np.ceil(lengths.sum() / 64) + 1
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_pack_batch_places_every_example_once_with_its_own_positions(groups):
+    lengths = [40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8]
+    rows = _rows(lengths)
+    batch = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=groups)
+    rows_total, length = batch["input_ids"].shape
+    assert length == 64 and rows_total % groups == 0 and rows_total < len(rows)
+    per_group = len(rows) // groups
+    flat = {k: batch[k].reshape(groups, -1) for k in ("input_ids", "token_type_ids", "segment_ids", "position_ids",
+                                                        "attention_mask")}
+    for e, row in enumerate(rows):
+        g, start = e // per_group, int(batch["cls_index"][e // per_group, e % per_group])
+        n = len(row["input_ids"])
+        assert start % length + n <= length  # inside one row
+        np.testing.assert_array_equal(flat["input_ids"][g, start:start + n], row["input_ids"])
+        np.testing.assert_array_equal(flat["token_type_ids"][g, start:start + n], row["token_type_ids"])
+        np.testing.assert_array_equal(flat["position_ids"][g, start:start + n], np.arange(n))
+        segment = flat["segment_ids"][g, start]
+        assert segment > 0 and (flat["segment_ids"][g, start:start + n] == segment).all()
+    # Nothing else is real; per-example fields stay in example order.
+    assert batch["attention_mask"].sum() == (batch["segment_ids"] > 0).sum() == sum(lengths)
+    np.testing.assert_array_equal(batch["idx"], np.arange(len(rows)))
+    np.testing.assert_array_equal(batch["weight"], [r["weight"] for r in rows])
+
+
+def test_processes_agree_on_the_packed_shape_from_the_global_lengths():
+    lengths = np.random.default_rng(3).integers(5, 60, 32)
+    rows = _rows(lengths)
+    whole = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=4)
+    # Two processes, two groups each: the same shapes, and together the same rows.
+    halves = [pipeline.pack_batch(rows[p * 16:(p + 1) * 16], buckets=BUCKETS, pad_values=PAD, groups=2,
+                                  global_lengths=lengths) for p in range(2)]
+    assert halves[0]["input_ids"].shape == halves[1]["input_ids"].shape
+    for key in ("input_ids", "segment_ids", "position_ids", "cls_index"):
+        np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])
+
+
+def test_row_counts_come_in_a_few_sizes():
+    """Rows are rounded up to an eighth of the batch: a handful of compiled shapes per bucket."""
+    rng = np.random.default_rng(0)
+    shapes = {pipeline.packed_shape(rng.integers(20, 128, 32), groups=1, buckets=(32, 64, 128))
+              for _ in range(200)}
+    assert all(rows % 4 == 0 for rows, _ in shapes) and len(shapes) <= 4
+
+
+def _padded(rows):
+    return pipeline.pad_batch(rows, buckets=BUCKETS, pad_values=PAD)
+
+
+@pytest.fixture(scope="module")
+def minilm_classifier(minilm_dir):
+    return ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=0)
+
+
+def _logits(model, batch):
+    return get_task("indonli").predict(model, {k: jnp.asarray(v) for k, v in batch.items()})["probabilities"]
+
+
+def test_packed_logits_equal_the_padded_ones_on_a_real_checkpoint(minilm_classifier):
+    rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
+    packed = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=2)
+    np.testing.assert_allclose(_logits(minilm_classifier, packed), _logits(minilm_classifier, _padded(rows)),
+                               atol=2e-6)
+
+
+@pytest.mark.parametrize("family", ["roberta", "multi_aspect"])
+def test_packed_outputs_equal_the_padded_ones(family):
+    """RoBERTa numbers positions from pad + 1 and pools <s> in its head; multi-aspect heads
+    read the pooler."""
+    rows = _rows([20, 5, 31, 9, 14, 3, 26, 12])
+    if family == "roberta":
+        config = preset("tiny-bert", model_type="xlm-roberta", pad_token_id=1, max_position_embeddings=80,
+                        type_vocab_size=1)
+        model = ForSequenceClassification(config, num_labels=3, rngs=make_rngs(0))
+        for r in rows:
+            r["token_type_ids"][:] = 0
+        pad = dict(PAD, input_ids=1)
+    else:
+        model = ForMultiAspectClassification(preset("tiny-bert"), num_aspects=4, num_labels=3, rngs=make_rngs(0))
+        pad = PAD
+    packed = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=pad, groups=1)
+    padded = pipeline.pad_batch(rows, buckets=BUCKETS, pad_values=pad)
+    assert packed["input_ids"].shape[0] < len(rows)
+    run = lambda b: model(jnp.asarray(b["input_ids"]), jnp.asarray(b["attention_mask"]),
+                          jnp.asarray(b["token_type_ids"]), deterministic=True,
+                          packing=None if "segment_ids" not in b else {k: jnp.asarray(b[k]) for k in
+                                                                        ("segment_ids", "position_ids", "cls_index")})
+    np.testing.assert_allclose(run(packed), run(padded), atol=2e-6)
+
+
+def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir):
+    """The jitted train step (loss, gradient norm, Adam update) on a real checkpoint with dropout
+    off: packing changes which zeros are computed, not the result."""
+    model = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=0, config_overrides={
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "classifier_dropout": 0.0})
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": 1e-4, "grad_clip": 1.0}), 10, 10)
+    step = jax.jit(make_train_step(graphdef, rest, get_task("indonli"), tx, schedule, seed=0))
+    rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], seed=1, vocab=30000)
+    out = []
+    for batch in (_padded(rows), pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=1)):
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
+        out.append(step(state, batch))
+    (padded_state, padded_metrics), (packed_state, packed_metrics) = out
+    assert float(packed_metrics["weight"]) == float(padded_metrics["weight"]) == 13
+    np.testing.assert_allclose(packed_metrics["loss_sum"], padded_metrics["loss_sum"], rtol=1e-5)
+    np.testing.assert_allclose(packed_metrics["grad_norm"], padded_metrics["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(packed_state["params"]), jax.tree.leaves(padded_state["params"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6)
+
+
+def test_the_command_line_trains_on_packed_rows(tmp_path):
+    """cpu_test through finetune.main: packing is on by default for IndoNLI and computes on
+    fewer padded tokens than the same run with --config.data.packing=False."""
+    ratios = {}
+    for packing in (True, False):
+        workdir = tmp_path / f"packing_{packing}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "finetune.main", "--config=configs/indonli_large.py:cpu_test",
+             f"--workdir={workdir}", f"--config.data.packing={packing}", "--config.train.num_epochs=1",
+             f"--config.data.tfds_dir={tmp_path / 'tfds'}"],
+            cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = (workdir / "train.log").read_text()
+        line = next(x for x in log.splitlines() if "padded tokens per real token" in x)
+        ratios[packing] = float(line.split(";")[-1].split()[0])
+        results = json.loads((workdir / "results.json").read_text())
+        assert results["splits"]["validation"]["count"] > 0
+    assert ratios[True] < 0.5 * ratios[False], ratios
