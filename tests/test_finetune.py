@@ -103,8 +103,9 @@ LOSS_TOLERANCE = 2e-5
 
 @pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_one_device_and_eight_devices_give_the_same_loss_curve(tmp_path):
-    run(tmp_path / "one", *SHORT)
-    run(tmp_path / "eight", *SHORT, devices=8)
+    # Padded rows: packed ones are laid out per data-parallel shard (tests/test_packing.py).
+    run(tmp_path / "one", *SHORT, "--config.data.packing=False")
+    run(tmp_path / "eight", *SHORT, "--config.data.packing=False", devices=8)
     one, eight = losses(tmp_path / "one"), losses(tmp_path / "eight")
     assert sorted(one) == sorted(eight) == list(range(1, 13))
     diffs = [abs(one[s] - eight[s]) for s in one]
@@ -120,10 +121,12 @@ def _free_port():
 
 
 def test_two_processes_of_two_devices_match_one_process(tmp_path):
-    """Also with length buckets: both processes pad each step to the bucket of the global batch's
-    longest row (the same shapes, with no per-step exchange), as one process does."""
+    """Packed rows and length buckets: both processes pack their rows of each global batch into
+    the row count and bucket that the whole batch needs (the same shapes, with no per-step
+    exchange), as one process with as many data-parallel devices does (packing groups, hence
+    dropout masks, follow the data-parallel size)."""
     common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}")
-    run(tmp_path / "single", *common)
+    run(tmp_path / "single", *common, devices=4)
     port = _free_port()
     procs = [subprocess.Popen(command(tmp_path / "multi", *common) + [
         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
@@ -138,6 +141,7 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
     print(f"1 process vs 2 processes x 2 devices: max |loss diff| {max(diffs):.2e}")
     assert max(diffs) <= LOSS_TOLERANCE
     assert "'data': 4" in (tmp_path / "multi" / "train.log").read_text()
+    assert "training batches packed" in (tmp_path / "multi" / "train.log").read_text()
     # "process i: padded length per step sha1 <digest of the 12 lengths> (<length>: <steps>, ...)"
     digests = [out.split("padded length per step sha1 ")[1].split(";")[0] for out in outputs]
     one = (tmp_path / "single" / "train.log").read_text().split("padded length per step sha1 ")[1].split(";")[0]

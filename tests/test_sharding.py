@@ -43,6 +43,9 @@ for name, shape in meshes.items():
     config.train.max_steps = 6
     config.train.log_every_steps = 1
     config.eval_splits = ("validation",)
+    # Padded rows: the same rows and dropout masks on every mesh. Packed rows are laid out per
+    # data-parallel shard, so masks fall differently when that size changes (data8 vs data2_*).
+    config.data.packing = False
     workdir = f"{root}/{name}"
     loop.train_and_evaluate(config, workdir)
     state = kept.pop()
