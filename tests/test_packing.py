@@ -143,18 +143,22 @@ def test_packed_outputs_equal_the_padded_ones(family):
     np.testing.assert_allclose(run(packed), run(padded), atol=2e-6)
 
 
-def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir, accumulation):
     """The jitted train step (loss, gradient norm, Adam update) on a real checkpoint with dropout
-    off: packing changes which zeros are computed, not the result."""
+    off: packing changes which zeros are computed, not the result. With gradient accumulation
+    the loop packs one group per micro-batch (loop.train_collate), which the step splits."""
     model = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=0, config_overrides={
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "classifier_dropout": 0.0})
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
     tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": 1e-4, "grad_clip": 1.0}), 10, 10)
-    step = jax.jit(make_train_step(graphdef, rest, get_task("indonli"), tx, schedule, seed=0))
     rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], seed=1, vocab=30000)
     out = []
-    for batch in (_padded(rows), pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=1)):
+    for batch, steps in ((_padded(rows), 1),
+                         (pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=accumulation), accumulation)):
+        step = jax.jit(make_train_step(graphdef, rest, get_task("indonli"), tx, schedule, seed=0,
+                                       accumulation_steps=steps))
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
         out.append(step(state, batch))
     (padded_state, padded_metrics), (packed_state, packed_metrics) = out
