@@ -18,6 +18,12 @@ import jax
 import numpy as np
 
 
+def bucket_length(buckets: Sequence[int], longest: int) -> int:
+    """The smallest bucket that holds `longest` tokens (`longest` itself beyond the last bucket)."""
+    index = bisect.bisect_left(buckets, longest)
+    return buckets[index] if index < len(buckets) else longest
+
+
 def pad_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[str, int] | None = None,
               min_length: int = 0) -> dict:
     """Stacks encoded rows. The fields named in `pad_values` have variable length and are padded
@@ -30,9 +36,7 @@ def pad_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[
         values = [r[key] for r in rows]
         first = np.asarray(values[0])
         if first.ndim >= 1 and key in pad_values:
-            longest = max(max(len(v) for v in values), min_length)
-            index = bisect.bisect_left(buckets, longest)
-            length = buckets[index] if index < len(buckets) else longest
+            length = bucket_length(buckets, max(max(len(v) for v in values), min_length))
             arr = np.full((len(values), length) + first.shape[1:], pad_values[key], dtype=first.dtype)
             for i, v in enumerate(values):
                 arr[i, : len(v)] = v
@@ -59,10 +63,11 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def packing_granule(examples_per_group: int) -> int:
-    """Rows per group are rounded up to a multiple of this (an eighth of the group's examples),
-    so a run compiles a few row counts per length bucket, not one per batch."""
-    return max(1, -(-examples_per_group // 8))
+def _rounded_rows(needed: int, examples_per_group: int) -> int:
+    """Rows per group rounded up to a multiple of an eighth of the group's examples, so a run
+    compiles a few row counts per length bucket, not one per batch."""
+    granule = max(1, -(-examples_per_group // 8))
+    return min(-(-needed // granule) * granule, examples_per_group)
 
 
 def packed_shape(lengths: Sequence[int], *, groups: int, buckets: Sequence[int]) -> tuple[int, int]:
@@ -70,14 +75,11 @@ def packed_shape(lengths: Sequence[int], *, groups: int, buckets: Sequence[int])
     global order, cut into `groups` contiguous groups): rows are as long as the bucket of the
     longest example, and every group gets the most rows any group needs."""
     lengths = np.asarray(lengths)
-    longest = int(lengths.max())
-    index = bisect.bisect_left(buckets, longest)
-    capacity = buckets[index] if index < len(buckets) else longest
+    capacity = bucket_length(buckets, int(lengths.max()))
     per_group = len(lengths) // groups
     needed = max(len(first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity))
                  for g in range(groups))
-    granule = packing_granule(per_group)
-    return min(-(-needed // granule) * granule, per_group), capacity
+    return _rounded_rows(needed, per_group), capacity
 
 
 def pack_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[str, int], groups: int = 1,
@@ -99,19 +101,19 @@ def pack_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict
     if per_group * groups != len(rows):
         raise ValueError(f"{len(rows)} examples do not split into {groups} packing groups")
     lengths = [len(r["input_ids"]) for r in rows]
+    capacity = bucket_length(buckets, max(lengths) if global_lengths is None else int(np.max(global_lengths)))
+    group_bins = [first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity) for g in range(groups)]
     if global_lengths is None:
-        rows_per_group, capacity = packed_shape(lengths, groups=groups, buckets=buckets)
-    else:
-        rows_per_group, capacity = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
-                                                buckets=buckets)
+        rows_per_group = _rounded_rows(max(len(bins) for bins in group_bins), per_group)
+    else:  # every other process's groups too
+        rows_per_group, _ = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
+                                         buckets=buckets)
     out = {key: np.full((groups * rows_per_group, capacity), value, dtype=np.asarray(rows[0][key]).dtype)
            for key, value in pad_values.items()}
     segment_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
     position_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
     cls_index = np.zeros((groups, per_group), np.int32)
-    for g in range(groups):
-        members = range(g * per_group, (g + 1) * per_group)
-        bins = first_fit_decreasing([lengths[i] for i in members], capacity)
+    for g, bins in enumerate(group_bins):
         if len(bins) > rows_per_group:
             raise ValueError(f"packing group {g} needs {len(bins)} rows, more than the batch's {rows_per_group}")
         for b, positions in enumerate(bins):

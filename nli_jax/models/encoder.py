@@ -112,8 +112,11 @@ class Embeddings(nnx.Module):
         self.norm = layer_norm(config, e, EMBED, rngs=rngs)
         self.dropout = Dropout(config.hidden_dropout_prob, rngs=rngs)
 
-    def position_ids(self, input_ids):
+    def position_ids(self, input_ids, packing=None):
         c = self.config
+        if packing is not None:  # packed rows: positions restart at each example
+            positions, segments = packing["position_ids"], packing["segment_ids"]
+            return jnp.where(segments > 0, positions + c.position_offset, c.pad_token_id) if c.is_roberta else positions
         if c.is_roberta:
             # As Hugging Face's create_position_ids_from_input_ids: padding tokens keep the
             # padding index, real tokens count up from pad_token_id + 1.
@@ -121,13 +124,11 @@ class Embeddings(nnx.Module):
             return jnp.cumsum(not_pad, axis=1) * not_pad + c.pad_token_id
         return jnp.broadcast_to(jnp.arange(input_ids.shape[1])[None, :], input_ids.shape)
 
-    def __call__(self, input_ids, token_type_ids, *, deterministic: bool, position_ids=None):
+    def __call__(self, input_ids, token_type_ids, *, deterministic: bool, packing=None):
         if input_ids.shape[1] + self.config.position_offset > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings} (offset {self.config.position_offset})")
-        if position_ids is None:
-            position_ids = self.position_ids(input_ids)
-        x = self.word(input_ids) + self.position(position_ids) + self.token_type(token_type_ids)
+        x = self.word(input_ids) + self.position(self.position_ids(input_ids, packing)) + self.token_type(token_type_ids)
         x = self.norm(x.astype(jnp.float32)).astype(self.config.compute_dtype)
         return self.dropout(x, deterministic=deterministic)
 
@@ -261,15 +262,10 @@ class Encoder(nnx.Module):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         attention_mask = attention_mask.astype(bool)
-        position_ids = None
-        if packing is not None:
+        if packing is not None:  # [rows, q, k]: each token attends to its own example's tokens
             segments = packing["segment_ids"]
             attention_mask = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
-            position_ids = packing["position_ids"]
-            if self.config.is_roberta:  # as Embeddings.position_ids: from pad_token_id + 1, padding at pad_token_id
-                pad = self.config.pad_token_id
-                position_ids = jnp.where(segments > 0, position_ids + pad + 1, pad)
-        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, position_ids=position_ids)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, packing=packing)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         run = _run_layer_remat if self.config.remat else _run_layer

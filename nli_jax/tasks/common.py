@@ -26,11 +26,13 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
-def packing_of(batch) -> dict | None:
-    """The packing fields of a batch made by pipeline.pack_batch, or None for padded rows."""
-    if "segment_ids" not in batch:
-        return None
-    return {k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")}
+def sequence_logits(model, batch, deterministic: bool):
+    """Per-example logits of a padded batch, or of a packed one (pipeline.pack_batch: its
+    segment_ids, position_ids and cls_index go to the model as `packing`)."""
+    packing = ({k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")}
+               if "segment_ids" in batch else None)
+    return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
+                 packing=packing)
 
 
 def check_length(length: int, max_length: int) -> None:
@@ -50,15 +52,13 @@ class ClassificationTask(Task):
         return ForSequenceClassification, {"num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
-                       packing=packing_of(batch))
+        logits = sequence_logits(model, batch, deterministic)
         loss_sum, weight = weighted_cross_entropy(logits, batch["label"], batch["weight"])
         correct, _ = weighted_accuracy(logits, batch["label"], batch["weight"])
         return loss_sum, weight, {"correct": correct}
 
     def predict(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True,
-                       packing=packing_of(batch))
+        logits = sequence_logits(model, batch, deterministic=True)
         return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1)}
 
     def prediction_records(self, split, examples, predictions):
@@ -83,16 +83,14 @@ class MultiAspectTask(Task):
         return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
-                       packing=packing_of(batch))
+        logits = sequence_logits(model, batch, deterministic)
         weights = jnp.broadcast_to(batch["weight"][:, None], batch["labels"].shape)
         loss_sum, weight = weighted_cross_entropy(logits, batch["labels"], weights)
         correct, _ = weighted_accuracy(logits, batch["labels"], weights)
         return loss_sum, weight, {"correct": correct}
 
     def predict(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True,
-                       packing=packing_of(batch))
+        logits = sequence_logits(model, batch, deterministic=True)
         return {"prediction": jnp.argmax(logits, -1)}
 
 

@@ -387,7 +387,7 @@ def train_collate(run: RunSetup, plan: Plan) -> Callable:
         return collate
     pc = jax.process_count()
     groups = plan.accumulation * plan.data_parallel
-    if groups % pc or (plan.global_batch // groups) * groups != plan.global_batch:
+    if groups % pc or plan.global_batch % groups:
         return collate  # shards that do not line up with processes or examples: plain padding
     return functools.partial(pipeline.pack_batch, buckets=collate.keywords["buckets"],
                              pad_values=collate.keywords["pad_values"], groups=groups // pc)
@@ -495,8 +495,8 @@ def train(run: RunSetup, plan: Plan | None = None):
                          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                          donate_argnums=(0,))
 
-    # Several processes: each pads its rows to the bucket of the global batch's longest row, known
-    # from every example's length (gathered once here), so shapes agree with no per-step exchange.
+    # Several processes: each pads (or packs) its rows to the shape the whole global batch needs,
+    # known from every example's length (gathered once here), so shapes agree with no per-step exchange.
     lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
                if pc > 1 and (pipeline.is_bucketing(collate) or pipeline.is_packing(collate)) else None)
     train_iter = iter(pipeline.train_dataset(
