@@ -7,12 +7,12 @@ across processes (the loop's path for several processes) against padding to max_
 
 Runs the loop's own pieces without devices: the task's encoder, pipeline.encoded_lengths (every
 example's length, as the loop gathers it once), and pipeline.train_dataset per process with the
-collate the loop builds. It checks on the way that all processes pad each step to one length.
+batching the loop builds (the task's, from the plan's buckets). It checks on the way that all processes pad each step to one length.
 """
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import os
 import sys
 
@@ -21,13 +21,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.finetune_vs_transformers import default_model  # noqa: E402
 
 
-def epoch_padding(source, encode, collate, *, batch_size: int, processes: int, lengths, seed: int = 0):
+def epoch_padding(source, encode, batching, *, batch_size: int, processes: int, lengths, seed: int = 0):
     """(real tokens, padded tokens, steps per length) over one epoch, all processes together."""
     from nli_jax.data import pipeline
     per_process = []
     for p in range(processes):
-        ds = pipeline.train_dataset(source, encode, local_batch_size=batch_size // processes, seed=seed, num_epochs=1,
-                                    collate=collate, process_index=p, process_count=processes, lengths=lengths)
+        ds = pipeline.train_dataset(source, encode, batching, local_batch_size=batch_size // processes, seed=seed,
+                                    num_epochs=1, process_index=p, process_count=processes, lengths=lengths)
         per_process.append([b["attention_mask"] for b in ds])
     real = padded = 0
     per_length = {}
@@ -60,28 +60,30 @@ def main(argv=None):
     from nli_jax.checkpoints import load_tokenizer
     from nli_jax.data import pipeline
     from nli_jax.data.records import InMemorySource
-    from nli_jax.tasks import get_task
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
 
     config = indonli_large.get_config()
     config.data.max_seq_length = args.max_seq_length
-    task = get_task("indonli")
+    config.data.packing = False  # padding only: what this benchmark measures
+    plan = build_plan(config, training=False)
+    task = create_task(plan)
     tokenizer = load_tokenizer(args.tokenizer)
-    encode = task.encoder(config, tokenizer)
-    source = InMemorySource(task.read_file(config, args.train, labelled=True))
-    buckets = sorted({b for b in config.data.buckets if b <= args.max_seq_length} | {args.max_seq_length})
-    pad_values = task.pad_values(tokenizer)
-    bucketed = functools.partial(pipeline.pad_batch, buckets=buckets, pad_values=pad_values)
-    to_max = functools.partial(pipeline.pad_batch, buckets=[args.max_seq_length], pad_values=pad_values)
+    encode = task.encoder(tokenizer)
+    source = InMemorySource(task.read_file(args.train, labelled=True))
+    bucketed = task.batching(tokenizer, plan.batch)
+    buckets = bucketed.buckets
+    to_max = dataclasses.replace(bucketed, buckets=(args.max_seq_length,))
     lengths = pipeline.encoded_lengths(source, encode, 0, 1)  # the table the processes gather
 
     print(f"{len(source)} pairs of {args.train}, tokenizer {args.tokenizer}, global batch {args.batch_size}, "
           f"{args.processes} processes, buckets {buckets}")
     ratios = {}
-    for name, collate, table in ((f"buckets agreed across {args.processes} processes", bucketed, lengths),
-                                 ("one process, buckets", bucketed, None),
-                                 (f"max_seq_length {args.max_seq_length}", to_max, None)):
-        processes = 1 if table is None and collate is bucketed else args.processes
-        real, padded, per_length = epoch_padding(source, encode, collate, batch_size=args.batch_size,
+    for name, batching, table in ((f"buckets agreed across {args.processes} processes", bucketed, lengths),
+                                  ("one process, buckets", bucketed, None),
+                                  (f"max_seq_length {args.max_seq_length}", to_max, None)):
+        processes = 1 if table is None and batching is bucketed else args.processes
+        real, padded, per_length = epoch_padding(source, encode, batching, batch_size=args.batch_size,
                                                  processes=processes, lengths=table)
         ratios[name] = (padded - real) / real
         print(f"{name}: {(padded - real) / real:.3f} padded tokens per real token ({padded:,} positions for "

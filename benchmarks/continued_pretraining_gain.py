@@ -97,8 +97,9 @@ def finetune_config(args, task: str, steps_or_epochs: str, init: str, tfds_dir: 
 def heldout_before(config, workdir: str) -> dict:
     """The checkpoint as loaded (fresh MLM/NSP heads where it has none), on the held-out split,
     through the loop's own set-up and jitted evaluation step."""
-    from nli_jax.train import loop
-    run = loop.setup(config, workdir)
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import prepare
+    run = prepare(build_plan(config), workdir)
     report, _ = run.evaluate(run.params, "heldout")
     return {k: float(v) for k, v in report.items() if isinstance(v, (int, float))}
 

@@ -221,7 +221,7 @@ def nli_jax_worker(spec: dict) -> None:
     from absl import app
 
     import configs.indonli_base
-    from nli_jax.train import checkpointing, cli, loop
+    from nli_jax.train import checkpointing, cli, loop, setup
 
     flags = nli_jax_flags(spec)
     config = configs.indonli_base.get_config()
@@ -236,9 +236,9 @@ def nli_jax_worker(spec: dict) -> None:
 
     phases = Phases()
     jax.monitoring.register_event_duration_secs_listener(phases.on_event)
-    loop.setup = phases.wrap("setup", loop.setup)
+    loop.prepare = phases.wrap("setup", loop.prepare)
     loop.train = phases.wrap("train", loop.train)
-    loop.RunSetup.evaluate = phases.wrap("eval", loop.RunSetup.evaluate)
+    setup.RunSetup.evaluate = phases.wrap("eval", setup.RunSetup.evaluate)
     loop.final_evaluation = phases.wrap("final_evaluation", loop.final_evaluation)
     for method in ("save", "save_best", "wait", "close"):  # checkpoint writes (and waiting for them)
         if hasattr(checkpointing.Checkpointer, method):

@@ -56,24 +56,27 @@ def main():
               "create_examples_s": round(tokenise_s, 1), "words_per_s": round(meta["words"] / tokenise_s),
               "cpu_count": os.cpu_count()}
 
-    import ml_collections
     import nli_jax
+    from configs.pretrain import indobert_base
     from nli_jax.data import pipeline
-    from nli_jax.tasks import get_task
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
     tokenizer = nli_jax.load_tokenizer(vocab_dir)
-    config = ml_collections.ConfigDict({
-        "data": {"max_seq_length": 128}, "train": {"seed": 0, "batch_size": args.batch},
-        "pretrain": {"max_predictions": 20, "mask_prob": 0.15, "whole_word": False, "max_ngram": 1}})
-    task = get_task("pretraining")
-    encode = task.encoder(config, tokenizer)
+    # The BERT phase-1 recipe's masking (max 20 predictions at 128, token masking), this batch.
+    config = indobert_base.get_config("phase=1")
+    config.model.tokenizer, config.pretrain.examples_dir = vocab_dir, examples_dir
+    config.train.batch_size, config.train.seed = args.batch, 0
+    plan = build_plan(config)
+    task = create_task(plan)
+    encode = task.encoder(tokenizer)
     source = ExampleSource(examples_dir, "train")
-    collate = task.collate(config, tokenizer)
+    batching = task.batching(tokenizer, plan.batch)
     needed = args.batch * (args.batches + 5)
     epochs = -(-needed // len(source))
 
     def grain_rate(workers):
-        it = iter(pipeline.train_dataset(source, encode, local_batch_size=args.batch, seed=0, num_epochs=epochs,
-                                         collate=collate, workers=workers))
+        it = iter(pipeline.train_dataset(source, encode, batching, local_batch_size=args.batch, seed=0,
+                                         num_epochs=epochs, workers=workers))
         for _ in range(5):
             next(it)  # workers start, caches warm
         t = time.perf_counter()

@@ -49,7 +49,7 @@ def run_seed(seed, *, steps, report_every, batch, length, vocab, lr):
     from flax import nnx
     from transformers import BertForMaskedLM
 
-    from nli_jax.losses import masked_lm_loss
+    from nli_jax.losses import weighted_cross_entropy
     from nli_jax.models import ForMaskedLM, preset
 
     config = preset("scratch-2layer-small", vocab_size=vocab, hidden_size=128, intermediate_size=512,
@@ -65,8 +65,8 @@ def run_seed(seed, *, steps, report_every, batch, length, vocab, lr):
     @nnx.jit
     def step(model, optimizer, inputs, positions, targets):
         def loss_fn(m):
-            total, count = masked_lm_loss(m(inputs, masked_positions=positions)["mlm_logits"], targets,
-                                          jnp.ones(targets.shape))
+            total, count = weighted_cross_entropy(m(inputs, masked_positions=positions)["mlm_logits"], targets,
+                                                  jnp.ones(targets.shape))
             return total / count
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(model, grads)

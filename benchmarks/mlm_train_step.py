@@ -4,11 +4,10 @@
     python benchmarks/mlm_train_step.py --model tiny-bert --rounds 1 --steps 1   # smoke run
 
 Sides (--sides):
-  nli-jax              the pretraining loop's own step: nli_jax.train.steps.make_train_step
-                       with the "pretraining" task (nli_jax.tasks.get_task) and
-                       nli_jax.train.optimizers.make_optimizer, state {params, opt_state, step}
-                       placed and jitted as nli_jax.train.loop.train() does (mesh shardings,
-                       the state donated).
+  nli-jax              the pretraining loop's own step: nli_jax.train.loop.initial_state_and_step
+                       (the state {params, opt_state, step} in its shardings, the jitted
+                       make_train_step with the state donated) with the "pretraining" task and
+                       the optimizer of configs/pretrain/indobert_base.py's plan.
   nli-jax-handwritten  a minimal hand-written jitted step (same model, loss and optimizer, the
                        model's own dropout RNG state, no metrics): what the loop's step costs
                        on top of the bare computation.
@@ -27,6 +26,7 @@ machine noise hits all; min / median / max step time per side and the ratio of m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -43,18 +43,20 @@ host_memory.keep_temporaries_in_heap()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from configs.pretrain import indobert_base  # noqa: E402
 from nli_jax.data import pipeline  # noqa: E402
-from nli_jax.losses import masked_lm_loss  # noqa: E402
+from nli_jax.losses import weighted_cross_entropy  # noqa: E402
 from nli_jax.models import ForMaskedLM, make_rngs, preset  # noqa: E402
-from nli_jax.tasks import get_task  # noqa: E402
+from nli_jax.tasks import create_task  # noqa: E402
 from nli_jax.train import mesh as mesh_lib  # noqa: E402
+from nli_jax.train.loop import initial_state_and_step  # noqa: E402
 from nli_jax.train.optimizers import make_optimizer  # noqa: E402
-from nli_jax.train.steps import check_dropout_streams, make_train_step  # noqa: E402
+from nli_jax.train.planner import build_plan  # noqa: E402
+from nli_jax.train.steps import check_dropout_streams  # noqa: E402
 
 SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
 
@@ -76,33 +78,28 @@ def make_batch(vocab, batch, length, predictions, seed=0):
                 weight=np.ones((batch,), np.float32))
 
 
-def optimizer_config(lr: float) -> ml_collections.ConfigDict:
-    """configs/pretrain's BERT optimizer block (configs/pretrain/common.py), constant lr."""
-    return ml_collections.ConfigDict(dict(name="adamw", lr=lr, schedule="constant", warmup_steps=0,
-                                          b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, grad_clip=1.0))
+def pretraining_plan(lr: float):
+    """configs/pretrain/indobert_base.py's plan (its BERT optimizer block: AdamW, eps 1e-6, decay
+    0.01, clip 1.0) at a constant lr."""
+    config = indobert_base.get_config("phase=1")
+    config.optimizer.lr, config.optimizer.schedule, config.optimizer.warmup_steps = lr, "constant", 0
+    config.model.tokenizer = "unused"  # the step needs no tokenizer; the plan needs one named
+    config.pretrain.corpus = ("unused",)
+    return build_plan(config)
 
 
-def loop_step_fn(model, opt_cfg, seed=0):
-    """The step nli_jax.train.loop.train() runs, built and placed the way it builds it."""
-    task = get_task("pretraining")
+def loop_step_fn(model, plan, seed=0):
+    """The step nli_jax.train.loop.train() runs: its own initial_state_and_step, placed as it places it."""
+    task = create_task(plan)
     check_dropout_streams(model)
-    mesh = mesh_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-    rules = mesh_lib.DEFAULT_RULES
-    batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+    mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
+    batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    param_shardings = mesh_lib.param_shardings(model, mesh, rules)
+    param_shardings = mesh_lib.param_shardings(model, mesh, plan.mesh.rules)
     params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
-    tx, schedule = make_optimizer(opt_cfg, total_steps=1_000_000, steps_per_epoch=1_000_000)
-    replicated = mesh_lib.replicated(mesh)
-    opt_shardings = optax.tree_map_params(
-        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
-        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-    state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=seed),
-                   in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
-                   donate_argnums=(0,))
+    tx, schedule = make_optimizer(plan.optimizer, total_steps=1_000_000, steps_per_epoch=1_000_000, warmup_steps=0)
+    state, step = initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx,
+                                         schedule, seed=seed, accumulation=1)
     holder = [state]
 
     def run(batch):
@@ -112,9 +109,9 @@ def loop_step_fn(model, opt_cfg, seed=0):
     return run, lambda batch: pipeline.to_global(batch, batch_sharding)
 
 
-def handwritten_step_fn(model, opt_cfg):
+def handwritten_step_fn(model, plan):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx, _ = make_optimizer(opt_cfg, total_steps=1_000_000, steps_per_epoch=1_000_000)
+    tx, _ = make_optimizer(plan.optimizer, total_steps=1_000_000, steps_per_epoch=1_000_000, warmup_steps=0)
     opt_state = tx.init(params)
 
     # Donated state is updated in place: no fresh 94 MB embedding-sized buffers per step.
@@ -125,7 +122,7 @@ def handwritten_step_fn(model, opt_cfg):
         def loss_fn(m):
             out = m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                     masked_positions=batch["masked_positions"], deterministic=False)
-            total, count = masked_lm_loss(out["mlm_logits"], batch["masked_ids"], batch["masked_weights"])
+            total, count = weighted_cross_entropy(out["mlm_logits"], batch["masked_ids"], batch["masked_weights"])
             return total / count
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         params = nnx.state(model, nnx.Param)
@@ -188,16 +185,16 @@ def main():
         parser.error(f"--sides: expected some of {', '.join(SIDES)}, got {args.sides!r}")
 
     config = preset(args.model, max_position_embeddings=max(512, args.seq))
-    opt_cfg = optimizer_config(args.lr)
+    plan = pretraining_plan(args.lr)
     batch = make_batch(config.vocab_size, args.batch, args.seq, args.predictions)
     runners, compile_s, torch = {}, {}, None
     for name in sides:
         if name == "nli-jax":
-            run, convert = loop_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), opt_cfg)
+            run, convert = loop_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
         elif name == "nli-jax-handwritten":
-            run, convert = handwritten_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), opt_cfg)
+            run, convert = handwritten_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
         else:
-            run, convert, torch = torch_step_fn(config, opt_cfg)
+            run, convert, torch = torch_step_fn(config, plan.optimizer)
         b = convert(batch)
         t0 = time.perf_counter()
         run(b)  # nli-jax: compilation; PyTorch: allocator, oneDNN primitives
@@ -217,11 +214,12 @@ def main():
 
     tokens = args.batch * args.seq
     result = {"model": args.model, "batch": args.batch, "seq": args.seq, "max_predictions": args.predictions,
-              "optimizer": dict(opt_cfg), "rounds": args.rounds, "steps_per_round": args.steps,
+              "optimizer": dataclasses.asdict(plan.optimizer), "rounds": args.rounds, "steps_per_round": args.steps,
               "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
               "jax": jax.__version__, "torch": torch.__version__ if torch else None,
               "torch_threads": torch.get_num_threads() if torch else None,
-              "nli_jax_step": "nli_jax.train.steps.make_train_step, pretraining task, donated state (as loop.train)"}
+              "nli_jax_step": "nli_jax.train.loop.initial_state_and_step (make_train_step), pretraining task, "
+                              "donated state"}
     for name in sides:
         ts = times[name]
         med = statistics.median(ts)

@@ -27,6 +27,7 @@ import json, resource, sys
 import jax
 jax.config.update("jax_num_cpu_devices", int(sys.argv[3]))
 from flax import nnx
+from configs.finetune_common import MESH_RULES
 from nli_jax.models import ForSequenceClassification, make_rngs, preset
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.sharding import create_sharded
@@ -36,10 +37,10 @@ create = lambda: ForSequenceClassification(preset(preset_name), num_labels=3, rn
 mesh = mesh_lib.make_mesh(shape)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if how == "sharded":
-    model, params, _ = create_sharded(create, mesh)
+    model, params, _ = create_sharded(create, mesh, MESH_RULES)
 else:
     model = create()
-    shardings = mesh_lib.param_shardings(model, mesh)
+    shardings = mesh_lib.param_shardings(model, mesh, MESH_RULES)
     params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
 jax.block_until_ready(params)
 leaves = jax.tree.leaves(params)

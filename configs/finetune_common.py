@@ -1,8 +1,24 @@
-"""Fields every fine-tuning config has; task configs override what their recipe says.
+"""Fields every config has, fine-tuning and pretraining, with their defaults: the only place
+defaults live (nli_jax.train.planner turns a config into a typed plan and refuses one that lacks
+a field). Task configs override what their recipe says.
 
 Variants shrink only what must shrink for a CPU:  --config=configs/indonli_large.py:cpu_test
 """
 import ml_collections
+
+# Logical axis names of parameters and activations -> mesh axes (nli_jax.train.mesh), MaxText-style.
+MESH_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("hidden", None),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("position", None),
+    ("token_type", None),
+    ("labels", None),
+)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -13,6 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
     # The best parameters as a Hugging Face directory (<workdir>/export_best, label names in
     # id2label); also later with `python -m finetune.export`.
     c.export_best = False
+    c.export_final = False  # the final parameters as a Hugging Face directory (<workdir>/export): pretraining
 
     c.data = ml_collections.ConfigDict()
     c.data.source = ""  # local directory with the official files; empty = download them
@@ -28,6 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.train_size = ""  # OCNLI: 50k / 30k / 10k / 3k
     c.data.holdout_topic = ""  # InferES: topic out-of-distribution
     c.data.validation_fraction = 0.1  # InferES: validation carved from train
+    c.data.validation_seed = 0  # InferES: which examples the validation split takes
     c.data.translate_train_source = ""  # IndoNLI translate-train: extracted translate_train_small folder
     c.data.mix_indonli_train = False
     c.data.max_train_examples = 0  # > 0: train on the first N examples ("train" in eval_splits evaluates them)
@@ -51,7 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer.schedule = "constant"
     c.optimizer.warmup_steps = 0
     c.optimizer.warmup_ratio = 0.0
-    c.optimizer.decay_rate = 0.9
+    c.optimizer.decay_rate = 0.9  # exponential_per_epoch: lr x decay_rate ** epoch
+    c.optimizer.end_lr = 0.0  # polynomial: the rate it decays to
+    c.optimizer.power = 1.0  # polynomial: the decay's power
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
     c.optimizer.eps = 1e-8
@@ -71,11 +91,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.async_checkpointing = True
     c.train.early_stopping_patience = 3  # evaluations without improvement; 0 = off
+    c.train.peak_tflops_per_device = 0.0  # e.g. 123 for TPU v3 bf16: enables MFU in the log
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = {"data": -1, "fsdp": 1, "tensor": 1}
-    from nli_jax.train.mesh import DEFAULT_RULES
-    c.mesh.rules = DEFAULT_RULES
+    c.mesh.rules = MESH_RULES
     return c
 
 
@@ -91,19 +111,28 @@ def parse_arg(arg: str | None) -> dict:
     return out
 
 
-def apply_cpu_test(c: ml_collections.ConfigDict) -> None:
-    """Tiny from-scratch model on the NLI fixture shipped in the package; runs offline."""
+def apply_cpu_test(c: ml_collections.ConfigDict, *, preset: str = "tiny-bert") -> None:
+    """What every cpu_test variant shares (fine-tuning and pretraining): a tiny from-scratch
+    model with the tokenizer shipped in the package, short sequences, float32, synchronous
+    checkpoints, no early stopping. Each variant then sets its data and run length."""
     from nli_jax.data import fixture_path
-    c.data.source = fixture_path("nli_tiny")
+    c.model.init = ""
+    c.model.preset = preset
+    c.model.tokenizer = fixture_path("tiny_wordpiece")
+    c.model.dtype = "float32"
     c.data.tfds_dir = "/tmp/nli_jax_tfds"
     c.data.max_seq_length = 64
-    c.model.init = ""
-    c.model.preset = "tiny-bert"
-    c.model.tokenizer = fixture_path("tiny_wordpiece")
+    c.train.early_stopping_patience = 0
+    c.train.async_checkpointing = False
+
+
+def apply_nli_cpu_test(c: ml_collections.ConfigDict) -> None:
+    """The NLI configs' cpu_test: the tiny model on the NLI fixture shipped in the package; offline."""
+    from nli_jax.data import fixture_path
+    apply_cpu_test(c)
+    c.data.source = fixture_path("nli_tiny")
     c.optimizer.lr = 1e-3
     c.optimizer.warmup_steps = 10
     c.train.batch_size = 16
     c.train.num_epochs = 6
     c.train.log_every_steps = 10
-    c.train.early_stopping_patience = 0
-    c.train.async_checkpointing = False

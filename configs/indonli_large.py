@@ -28,7 +28,7 @@ def indonli_config(arg, init):
     if options.pop("hypothesis_only", False):
         c.data.hypothesis_only = True
     if options.pop("cpu_test", False):
-        finetune_common.apply_cpu_test(c)
+        finetune_common.apply_nli_cpu_test(c)
     if options:
         raise ValueError(f"unknown config variant(s) {sorted(options)} for {__name__}; "
                          "expected cpu_test and/or hypothesis_only")

@@ -25,7 +25,7 @@ def get_config(arg=None):
     c.optimizer.schedule = "linear"
     c.optimizer.warmup_ratio = 0.1
     if cpu_test:
-        finetune_common.apply_cpu_test(c)
+        finetune_common.apply_nli_cpu_test(c)
         c.data.source = ""
         c.train.max_steps = 20
     return c

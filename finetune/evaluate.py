@@ -9,20 +9,12 @@ Writes results.json (the same breakdowns as training: by label, category, diagno
 and predictions.jsonl in --workdir. Every file is read and validated before any compute.
 """
 from absl import app, flags
-from ml_collections import config_flags
 
 from nli_jax.train import cli
 
-config_flags.DEFINE_config_file("config", None, "config file (path[:variant]); default: the run's config.json",
-                                lock_config=True)
-flags.DEFINE_string("checkpoint", None, "a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
+cli.define_tool_flags("a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
 flags.DEFINE_string("workdir", None, "where results.json and predictions.jsonl go")
 flags.DEFINE_multi_string("file", [], "extra labelled split, name=path, in the task's file format")
-flags.DEFINE_multi_string("override", [], "config assignment key=value, e.g. data.source=/data/indonli")
-flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
-flags.DEFINE_integer("num_processes", None, "Number of processes.")
-flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flags_as_required(["checkpoint", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -34,7 +26,7 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
-    from nli_jax.train.loop import evaluate_checkpoint
+    from nli_jax.train.tools import evaluate_checkpoint
     evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, cli.parse_files(FLAGS.file))
 
 

@@ -5,15 +5,11 @@ transformers' *ForSequenceClassification / *ForTokenClassification and in nli-ja
     python -m finetune.export --checkpoint=runs/indonli_large --output=exports/indonli_large
 """
 from absl import app, flags
-from ml_collections import config_flags
 
 from nli_jax.train import cli
 
-config_flags.DEFINE_config_file("config", None, "config file (path[:variant]); default: the run's config.json",
-                                lock_config=True)
-flags.DEFINE_string("checkpoint", None, "a fine-tuning run's workdir")
+cli.define_tool_flags("a fine-tuning run's workdir")
 flags.DEFINE_string("output", None, "directory to write the Hugging Face model to")
-flags.DEFINE_multi_string("override", [], "config assignment key=value")
 flags.mark_flags_as_required(["checkpoint", "output"])
 FLAGS = flags.FLAGS
 
@@ -24,7 +20,8 @@ def main(argv):
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
-    from nli_jax.train.loop import export_checkpoint
+    cli.init_distributed()  # the gather of parameters sharded across processes is collective
+    from nli_jax.train.tools import export_checkpoint
     print(export_checkpoint(config, FLAGS.checkpoint, FLAGS.output))
 
 

@@ -18,7 +18,6 @@ tasks still run (finetune.sweep.run_cell, as the learning-rate sweep does).
 """
 from __future__ import annotations
 
-import ast
 import json
 import os
 
@@ -27,6 +26,8 @@ from absl import app, flags
 from configs import indonlu as indonlu_config
 from finetune.sweep import run_cell, with_lr_and_seed
 from nli_jax import storage, tables
+from nli_jax.data import indonlu as indonlu_data
+from nli_jax.train import cli
 
 flags.DEFINE_string("model", "large", f"one of {sorted(indonlu_config.MODELS)}")
 flags.DEFINE_string("workdir", None, "output directory")
@@ -38,28 +39,8 @@ flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, m
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
-NAMES = {"emot": "EmoT", "smsa": "SmSA", "casa": "CASA", "hoasa": "HoASA", "wrete": "WReTE", "posp": "POSP",
-         "bapos": "BaPOS", "terma": "TermA", "keps": "KEPS", "nergrit": "NERGrit", "nerp": "NERP", "facqa": "FacQA"}
-CLASSIFICATION = ("emot", "smsa", "casa", "hoasa", "wrete")
-SEQUENCE = ("posp", "bapos", "terma", "keps", "nergrit", "nerp", "facqa")
-
-
-def apply_override(config, assignment: str) -> None:
-    """'a.b.c=value' (value as a Python literal, else a string) into a ConfigDict."""
-    key, sep, raw = assignment.partition("=")
-    if not sep:
-        raise ValueError(f"--override {assignment!r}: expected key=value")
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = raw
-    *parents, leaf = key.split(".")
-    node = config
-    for p in parents:
-        node = node[p]
-    if leaf not in node:
-        raise KeyError(f"--override {assignment!r}: no config field {key!r}")
-    node[leaf] = value
+NAMES = {name: task.title for name, task in indonlu_data.TASKS.items()}
+CLASSIFICATION, SEQUENCE = indonlu_data.CLASSIFICATION_TASKS, indonlu_data.SEQUENCE_LABELLING_TASKS
 
 
 def table(runs: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
@@ -128,8 +109,7 @@ def task_configs(model: str, source: str, tasks, overrides=(), cpu_test: bool = 
     for task in tasks:
         config = indonlu_config.get_config(f"task={task},model={model}" + (",cpu_test" if cpu_test else ""))
         config.data.source = source
-        for o in overrides:
-            apply_override(config, o)
+        cli.apply_overrides(config, overrides)
         configs[task] = config
     return configs
 

@@ -10,20 +10,12 @@ gold fields may be absent or masked. Writes <output>/predictions.jsonl, one line
 split (the input's name), idx, id, prediction (label name or tag list), probabilities.
 """
 from absl import app, flags
-from ml_collections import config_flags
 
 from nli_jax.train import cli
 
-config_flags.DEFINE_config_file("config", None, "config file (path[:variant]); default: the run's config.json",
-                                lock_config=True)
-flags.DEFINE_string("checkpoint", None, "a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
+cli.define_tool_flags("a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
 flags.DEFINE_string("output", None, "directory for predictions.jsonl")
 flags.DEFINE_multi_string("input", [], "name=path (or a path, named by its stem) in the task's file format")
-flags.DEFINE_multi_string("override", [], "config assignment key=value, e.g. train.eval_batch_size=128")
-flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
-flags.DEFINE_integer("num_processes", None, "Number of processes.")
-flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flags_as_required(["checkpoint", "output"])
 FLAGS = flags.FLAGS
 
@@ -37,7 +29,7 @@ def main(argv):
         raise app.UsageError("--input=name=path: at least one file to predict")
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
-    from nli_jax.train.loop import predict_files
+    from nli_jax.train.tools import predict_files
     records = predict_files(config, FLAGS.output, FLAGS.checkpoint, cli.parse_files(FLAGS.input))
     print(f"{len(records)} predictions written to {FLAGS.output}/predictions.jsonl")
 

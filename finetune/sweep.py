@@ -65,14 +65,15 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     """Runs (or, when finished, reads) one training run: {"status": "finished"|"failed"|"skipped",
     "results" | "error", "seconds"}. Exceptions become "failed", except for the canary failing
     before its training began (see the module docstring), which is re-raised."""
-    from nli_jax.train import train_and_evaluate
-    from nli_jax.train.checkpointing import check_workdir_config
+    from nli_jax.train.loop import train_and_evaluate
+    from nli_jax.train.planner import config_dict
+    from nli_jax.workdir import check_config
     start = time.time()
     results_path = os.path.join(workdir, "results.json")
     if storage.isfile(results_path):
         try:
             # A finished run of another config is not this command's result.
-            check_workdir_config(workdir, config.to_dict())
+            check_config(workdir, config_dict(config))
         except ValueError as e:
             if canary:
                 log.error("%s: finished by a different config; stopping before any compute", workdir)
@@ -97,15 +98,15 @@ def lr_name(lr: float) -> str:
     return f"{lr:g}"
 
 
-def split_order(config, cells) -> list[str]:
-    """validation first, then the config's eval_splits order (the papers' dev / test columns)."""
+def split_order(plan, cells) -> list[str]:
+    """validation first, then the plan's eval_splits order (the papers' dev / test columns)."""
     seen = {s for c in cells for s in c.get("splits", {})}
-    order = ["validation"] + [s for s in config.eval_splits if s != "validation"]
+    order = ["validation"] + [s for s in plan.eval_splits if s != "validation"]
     return [s for s in order if s in seen] + sorted(seen - set(order))
 
 
-def summarize(config, cells: list[dict], lrs: list[float], seeds: list[int]) -> dict:
-    splits = split_order(config, cells)
+def summarize(plan, cells: list[dict], lrs: list[float], seeds: list[int]) -> dict:
+    splits = split_order(plan, cells)
     rows = []
     for lr in lrs:
         finished = [c for c in cells if c["lr"] == lr and c["status"] == "finished"]
@@ -116,8 +117,8 @@ def summarize(config, cells: list[dict], lrs: list[float], seeds: list[int]) -> 
     # max() keeps the first of equal means: ties go to the lr listed first in --lrs.
     selected = max(candidates, key=lambda r: r["splits"]["validation"]["mean"])["lr"] if candidates else None
     metric = next((c["primary_metric"] for c in cells if c.get("primary_metric")), None)  # the task's: one for all
-    return {"task": config.task, "primary_metric": metric,
-            "model": os.path.basename(str(config.model.init).rstrip("/")) or config.model.preset,
+    return {"task": plan.task, "primary_metric": metric,
+            "model": os.path.basename(plan.model.init.rstrip("/")) or plan.model.preset,
             "lrs": lrs, "seeds": seeds, "splits": splits, "selected_lr": selected, "rows": rows, "cells": cells}
 
 
@@ -147,6 +148,8 @@ def write_outputs(workdir: str, summary: dict) -> str:
 
 def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
     """Runs every (lr, seed) cell not finished yet; returns sweep.json's contents (plus "table")."""
+    from nli_jax.train.planner import build_plan
+    plan = build_plan(config, training=False)  # the sweep's task, splits and model (the cells check the rest)
     cells = [{"lr": lr, "seed": seed, "workdir": os.path.join(workdir, f"lr_{lr_name(lr)}", f"seed_{seed}"),
               "status": "pending"} for lr in lrs for seed in seeds]
     canary = True
@@ -167,7 +170,7 @@ def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
                  f" ({cell['seconds']:.0f} s)" if outcome["status"] == "finished" else
                  f": {cell['error']}" if outcome["status"] == "failed" else " (results.json present)")
         # Tables after every cell: a long sweep can be read while it runs.
-        summary = summarize(config, cells, lrs, seeds)
+        summary = summarize(plan, cells, lrs, seeds)
         summary["table"] = write_outputs(workdir, summary)
     return summary
 

@@ -6,14 +6,15 @@ from nli_jax.models import (ConfigError, EncoderConfig, EncoderModel, ForMaskedL
 __version__ = "0.1.0"
 __all__ = ["CheckpointError", "ConfigError", "EncoderConfig", "EncoderModel", "ForMaskedLM", "ForMultiAspectClassification",
            "ForSequenceClassification", "ForTokenClassification", "count_parameters", "from_pretrained", "load_tokenizer",
-           "preset", "save_pretrained"]
+           "preset"]
 
 
 def from_pretrained(path: str, *, task: str = "encoder", **kwargs):
     """Loads a Hugging Face model directory (or hub id) as an nli-jax model.
 
     task: "encoder", "masked_lm", "pretraining" (MLM + NSP/SOP), "sequence_classification",
-    "token_classification" or "multi_aspect_classification".
+    "token_classification" or "multi_aspect_classification". Save with `model.save_pretrained(path,
+    tokenizer=..., label_names=...)`.
     """
     classes = {"encoder": EncoderModel, "masked_lm": ForMaskedLM, "sequence_classification": ForSequenceClassification,
                "token_classification": ForTokenClassification,
@@ -23,7 +24,3 @@ def from_pretrained(path: str, *, task: str = "encoder", **kwargs):
     if task not in classes:
         raise ConfigError(f"unknown task {task!r}; expected one of {sorted(classes) + ['pretraining']}")
     return classes[task].from_pretrained(path, **kwargs)
-
-
-def save_pretrained(model, path: str, *, tokenizer=None) -> None:
-    model.save_pretrained(path, tokenizer=tokenizer)

@@ -1,7 +1,7 @@
 """Errors that stop a run before compute because of its input. Their messages are complete (the
 key, or the file and line); the command line prints them as one line, without a traceback
 (nli_jax.train.cli). Data files: nli_jax.data.readers.DataError; model directories:
-nli_jax.checkpoints.CheckpointError; model configs: nli_jax.models.ConfigError."""
+nli_jax.checkpoints.CheckpointError; model configs: ConfigError (also nli_jax.models.ConfigError)."""
 
 
 class RunError(ValueError):
@@ -11,3 +11,8 @@ class RunError(ValueError):
 class ConfigValueError(RunError):
     """A config value out of its range, or inconsistent with another value, the devices, the
     tokenizer, the model or the data; the message names the key(s)."""
+
+
+class ConfigError(ValueError):
+    """A model configuration (EncoderConfig, a checkpoint's config.json) that cannot be built;
+    the message names the offending key."""

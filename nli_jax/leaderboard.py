@@ -82,8 +82,7 @@ class SubmissionError(DataError):
     """Predictions that cannot become a submission file; the message names the file and line."""
 
 
-INDONLU_TASKS = ("emot", "smsa", "casa", "hoasa", "wrete", "posp", "bapos", "terma", "keps", "nergrit", "nerp",
-                 "facqa")
+INDONLU_TASKS = tuple(indonlu_data.TASKS)  # the benchmark's order
 
 # Tag sets: IndoNLP/indonlu utils/data_utils.py (commit 72112b9d), LABEL2INDEX of each dataset class.
 _POSP_TAGS = ("B-PPO", "B-KUA", "B-ADV", "B-PRN", "B-VBI", "B-PAR", "B-VBP", "B-NNP", "B-UNS", "B-VBT", "B-VBL",

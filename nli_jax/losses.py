@@ -22,8 +22,3 @@ def weighted_accuracy(logits, labels, weights=None):
     weights = weights.astype(jnp.float32)
     return jnp.sum(correct * weights), jnp.sum(weights)
 
-
-def masked_lm_loss(mlm_logits, masked_ids, masked_weights):
-    """MLM loss at the gathered masked positions: logits [batch, predictions, vocab],
-    masked_ids / masked_weights [batch, predictions] (weight 0 marks padding predictions)."""
-    return weighted_cross_entropy(mlm_logits, masked_ids, masked_weights)

@@ -51,3 +51,37 @@ def minilm_dir():
     if not (path / "model.safetensors").is_file():
         pytest.skip(f"{path} has no model.safetensors")
     return str(path)
+
+
+# --- plans for tests of the steps, tasks and optimizers --------------------------------------
+
+def optimizer_plan(**changes):
+    """An OptimizerPlan for step-level tests: plain Adam at 1e-3, constant, no warmup, weight
+    decay or clipping, unless changed."""
+    from nli_jax.plan import OptimizerPlan
+    values = dict(name="adam", lr=1e-3, schedule="constant", warmup_steps=0, warmup_ratio=0.0, decay_rate=0.9,
+                  end_lr=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=0.0)
+    values.update(changes)
+    return OptimizerPlan(**values)
+
+
+def config_for(spec: str = "indonli_large:cpu_test", *assignments):
+    """A config of configs/ ('module:variant', e.g. 'indonlu:task=nerp,cpu_test' or
+    'pretrain.indobert_base:cpu_test') with key=value assignments, as on the command line."""
+    import importlib
+
+    from absl import logging as absl_logging
+
+    from nli_jax.train import cli
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    module, _, variant = spec.partition(":")
+    config = importlib.import_module(f"configs.{module}").get_config(variant or None)
+    cli.apply_overrides(config, assignments)
+    return config
+
+
+def task_for(config):
+    """The task of a config (its plan's sections), as a run builds it; nothing read."""
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
+    return create_task(build_plan(config, training=False))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nli_jax import analysis
+from nli_jax.analysis import artifacts as analysis
 from nli_jax.data.readers import DataError
 
 NEGATION_WORDS = {"tidak", "bukan", "belum", "tak"}

@@ -37,8 +37,7 @@ def config_with(*assignments, tfds_dir=None):
     from nli_jax.train import cli
     absl_logging.set_verbosity(absl_logging.WARNING)
     config = indonli_large.get_config("cpu_test")
-    for assignment in ((f"data.tfds_dir={tfds_dir}",) if tfds_dir else ()) + assignments:
-        cli.override(config, assignment)
+    cli.apply_overrides(config, ((f"data.tfds_dir={tfds_dir}",) if tfds_dir else ()) + assignments)
     return config
 
 
@@ -59,7 +58,7 @@ def refused(workdir, config, error=Exception):
     """Runs the config in `workdir`, which must refuse it before any training step; returns the
     message. A workdir that did not exist holds no config.json / inputs.json afterwards, and an
     existing one is unchanged (train.log aside)."""
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     existed = os.path.isdir(workdir)
     before = snapshot(workdir) if existed else None
     with pytest.raises(error) as info:
@@ -118,7 +117,7 @@ def resumable_config(inputs, tfds_dir, *extra):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, inputs, tfds_dir):
     """A finished 4-step run with checkpoints at steps 2 and 4 (the reference for every resume)."""
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     workdir = tmp_path_factory.mktemp("trained") / "work"
     train_and_evaluate(resumable_config(inputs, tfds_dir), str(workdir))
     assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
@@ -194,16 +193,31 @@ def test_every_problem_of_a_config_is_named_on_one_line(tmp_path, tfds_dir):
         assert f"--config.{key}=" in message
 
 
+def test_a_config_file_key_nli_jax_does_not_have_or_lacks_is_refused(tmp_path, tfds_dir):
+    """A user's config file with a mistyped key (set in the file, not on the command line, which
+    refuses it when parsing flags) was silently ignored; one missing a key fails by name."""
+    config = config_with(tfds_dir=tfds_dir)
+    with config.unlocked():
+        config.train.batchsize = 8
+    assert "train.batchsize: not a config key of nli-jax (did you mean train.batch_size" in refused(
+        tmp_path / "work", config)
+    config = config_with(tfds_dir=tfds_dir)
+    with config.unlocked():
+        del config.train["seed"]
+    assert "the config has no train.seed" in refused(tmp_path / "other", config)
+
+
 def test_micro_batch_and_eval_batch_against_devices_and_processes():
     """batch 6 on 4 devices (and the other relations with devices), checked without the devices."""
-    from nli_jax.train.validation import ConfigValueError, validate_config
+    from nli_jax.errors import ConfigValueError
+    from nli_jax.train.planner import build_plan
     with pytest.raises(ConfigValueError, match=r"--config.train.batch_size=6: the micro-batch of 6 examples .* 4 data"):
-        validate_config(config_with("train.batch_size=6"), devices=4, processes=1)
+        build_plan(config_with("train.batch_size=6"), devices=4, processes=1)
     with pytest.raises(ConfigValueError, match=r"--config.train.eval_batch_size=10: must divide by the 4 data"):
-        validate_config(config_with("train.eval_batch_size=10"), devices=4, processes=1)
+        build_plan(config_with("train.eval_batch_size=10"), devices=4, processes=1)
     with pytest.raises(ConfigValueError, match=r"--config.train.batch_size=6: must divide by processes x accum"):
-        validate_config(config_with("train.batch_size=6"), devices=4, processes=4)
-    validate_config(config_with("train.batch_size=8", "train.accumulation_steps=2"), devices=4, processes=1)
+        build_plan(config_with("train.batch_size=6"), devices=4, processes=4)
+    build_plan(config_with("train.batch_size=8", "train.accumulation_steps=2"), devices=4, processes=1)
 
 
 def test_max_seq_length_below_what_a_pair_needs_is_refused(tmp_path, tfds_dir):
@@ -249,15 +263,16 @@ def test_batch_larger_than_the_training_split_is_refused(tmp_path, tfds_dir):
 
 def test_pretraining_relations_are_checked(tmp_path):
     from configs.pretrain import indobert_lite_base
+    from nli_jax.errors import ConfigValueError
     from nli_jax.train import cli
-    from nli_jax.train.validation import ConfigValueError, validate_config
+    from nli_jax.train.planner import build_plan
     config = indobert_lite_base.get_config("cpu_test")
-    cli.override(config, "pretrain.max_predictions=100")
+    cli.apply_overrides(config, ["pretrain.max_predictions=100"])
     with pytest.raises(ConfigValueError, match=r"--config.pretrain.max_predictions=100: more predictions than"):
-        validate_config(config)
+        build_plan(config)
     config = indobert_lite_base.get_config("phase=1")  # the real recipe needs a tokenizer and a corpus
     with pytest.raises(ConfigValueError, match=r"model.tokenizer.*pretrain.corpus"):
-        validate_config(config)
+        build_plan(config)
 
 
 # --- 1. tokenizer against model and text -----------------------------------------------------
@@ -530,13 +545,10 @@ def test_pretraining_examples_of_other_settings_are_rebuilt_or_refused(tmp_path)
     """Examples built in the workdir by a refused attempt are not reused with other settings
     (they were before: only the length and sentence task were compared); once the workdir has
     trained on them, other settings are refused."""
-    from configs.pretrain import indobert_lite_base
+    from conftest import config_for, task_for
     from nli_jax.errors import RunError
-    from nli_jax.tasks import get_task
-    from nli_jax.tasks.pretraining import _stale_settings
-    from nli_jax.train import cli
-    config = indobert_lite_base.get_config("cpu_test")
-    cli.override(config, "pretrain.dupe_factor=2")
+    config = config_for("pretrain.indobert_lite_base:cpu_test", "pretrain.dupe_factor=2")
+    task = task_for(config)
     examples = tmp_path / "work" / "examples"
     examples.mkdir(parents=True)
     corpus = sorted(__import__("glob").glob(config.pretrain.corpus[0]))
@@ -544,11 +556,11 @@ def test_pretraining_examples_of_other_settings_are_rebuilt_or_refused(tmp_path)
         "max_seq_length": 64, "short_seq_prob": 0.1, "sentence_task": "sop", "dupe_factor": 1, "seed": 12345,
         "heldout_permille": 100, "vocab_dir": os.path.abspath(config.model.tokenizer),
         "corpus": [os.path.abspath(f) for f in corpus]}))
-    assert _stale_settings(str(examples), config, corpus) == ["dupe_factor: 1 -> 2"]
+    assert task.stale_settings(str(examples), corpus) == ["dupe_factor: 1 -> 2"]
     (tmp_path / "work" / "checkpoints" / "20").mkdir(parents=True)
     with pytest.raises(RunError, match=r"examples was built with other settings \(dupe_factor: 1 -> 2\) and this "
                                        r"workdir has trained on them"):
-        get_task("pretraining").load(config, str(tmp_path / "work"))
+        task.load(str(tmp_path / "work"))
     assert (examples / "examples.json").is_file()
 
 
@@ -610,7 +622,7 @@ def test_model_init_files_are_fingerprinted(tmp_path, tiny_checkpoint):
 def test_evaluating_a_run_with_another_tokenizer_is_refused(trained, inputs, tmp_path):
     from nli_jax.train import cli
     from nli_jax.train.inputs import InputsChangedError
-    from nli_jax.train.loop import evaluate_checkpoint
+    from nli_jax.train.tools import evaluate_checkpoint
     config = cli.checkpoint_config(None, str(trained))
     with restored_afterwards(inputs / "tokenizer" / "vocab.txt") as vocab:
         lines = vocab.read_text(encoding="utf-8").split("\n")
@@ -621,7 +633,7 @@ def test_evaluating_a_run_with_another_tokenizer_is_refused(trained, inputs, tmp
 
 
 def test_unreadable_config_json_or_inputs_json_is_named(trained, inputs, tfds_dir, tmp_path):
-    from nli_jax.train.checkpointing import WorkdirConfigError
+    from nli_jax.workdir import WorkdirConfigError
     from nli_jax.train.inputs import InputsChangedError
     workdir = copy_run(trained, tmp_path)
     (workdir / "config.json").write_text('{"task": "indo')  # SIGKILL while it was written, by an old version
@@ -655,7 +667,7 @@ def largest_file(directory):
                  id="truncated-data-iterator-json", marks=pytest.mark.slow),
 ])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, inputs, tfds_dir, tmp_path, damage):
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     workdir = copy_run(trained, tmp_path)
     (workdir / "results.json").unlink()
     damage(workdir / "checkpoints" / "4")
@@ -671,7 +683,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, input
 
 def test_empty_checkpoint_metadata_file_still_resumes(trained, inputs, tfds_dir, tmp_path):
     """orbax's _CHECKPOINT_METADATA (timestamps) is not needed to restore: the step is used."""
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     workdir = copy_run(trained, tmp_path)
     open(workdir / "checkpoints" / "4" / "_CHECKPOINT_METADATA", "w").close()
     train_and_evaluate(resumable_config(inputs, tfds_dir), str(workdir))
@@ -690,7 +702,7 @@ def test_no_intact_checkpoint_names_the_directory_and_changes_nothing(trained, i
 
 
 def test_unreadable_best_parameters_are_taken_from_the_same_steps_checkpoint(trained, inputs, tfds_dir, tmp_path):
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     workdir = copy_run(trained, tmp_path)
     best_step = json.loads((trained / "results.json").read_text())["best_step"]
     open(largest_file(workdir / "best" / str(best_step) / "params"), "r+b").truncate(100)
@@ -701,7 +713,7 @@ def test_unreadable_best_parameters_are_taken_from_the_same_steps_checkpoint(tra
 
 
 def test_unreadable_best_parameters_without_a_checkpoint_name_the_directory(trained, inputs, tfds_dir, tmp_path):
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     from nli_jax.train.checkpointing import CheckpointUnreadableError
     workdir = copy_run(trained, tmp_path)
     best_step = json.loads((trained / "results.json").read_text())["best_step"]
@@ -761,7 +773,7 @@ def test_best_step_saved_before_an_interruption_is_saved_again_after_the_resume(
 def test_sigterm_on_a_checkpoint_step_saves_and_exits_143(inputs, tfds_dir, tmp_path, monkeypatch, trained):
     """The signal arrives while step 2's regular checkpoint is written; the loop must exit 143 with
     that checkpoint, and the rerun finish exactly as an uninterrupted run."""
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     from nli_jax.train.checkpointing import Checkpointer
     original = Checkpointer.save
 
@@ -803,13 +815,14 @@ def test_config_value_error_is_one_line_without_a_traceback(tmp_path):
 
 def test_refusal_for_the_devices_writes_nothing_that_blocks_the_corrected_command(tmp_path):
     """batch 6 on 4 devices used to write config.json, and then refused batch 8 as a changed key."""
-    from nli_jax.train.checkpointing import check_workdir_config
+    from nli_jax.train.planner import config_dict
+    from nli_jax.workdir import check_config
     workdir = tmp_path / "work"
     proc = cli_run(workdir, "--config.train.batch_size=6", devices=4)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "--config.train.batch_size=6: the micro-batch of 6 examples" in proc.stderr
     assert not workdir.exists() or set(os.listdir(workdir)) <= {"train.log"}
-    check_workdir_config(str(workdir), config_with("train.batch_size=8").to_dict(), write=False)
+    check_config(str(workdir), config_dict(config_with("train.batch_size=8")))
 
 
 def test_override_typo_names_the_closest_keys():
@@ -818,7 +831,7 @@ def test_override_typo_names_the_closest_keys():
     from nli_jax.train import cli
     with pytest.raises(app.UsageError, match=r"no config field 'train.eval_batchsize'; did you mean "
                                              r"train.eval_batch_size"):
-        cli.override(config_with(), "train.eval_batchsize=32")
+        cli.apply_overrides(config_with(), ["train.eval_batchsize=32"])
 
 
 # --- 4. files written ------------------------------------------------------------------------

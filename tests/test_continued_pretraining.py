@@ -22,13 +22,8 @@ def _pretrain(workdir, *overrides, config="configs/pretrain/indobert_base.py:con
 
 
 def _continue_config(init, *overrides, variant="continue,cpu_test"):
-    from configs.pretrain import indobert_base
-    from nli_jax.train import cli
-    config = indobert_base.get_config(variant)
-    cli.override(config, f"model.init={init}")
-    for o in overrides:
-        cli.override(config, o)
-    return config
+    from conftest import config_for
+    return config_for(f"pretrain.indobert_base:{variant}", f"model.init={init}", *overrides)
 
 
 # Step 1 runs at learning rate 0 (the first warmup step): its held-out evaluation is the
@@ -48,20 +43,23 @@ def _heldout_batches_and_reference(config, workdir):
     batches it saw recorded; returns (its report, the batches, per-batch MLM (sum, weight) from
     the jitted eval step, the initial model)."""
     from nli_jax.data import pipeline
-    from nli_jax.train import loop
-    run = loop.setup(config, str(workdir))
-    recorded, collate = [], run.collate
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import prepare
+    run = prepare(build_plan(config), str(workdir))
+    recorded, masking = [], run.evaluator.batching
 
-    def recording(rows, rng):
-        batch = collate(rows, rng)
-        recorded.append(batch)
-        return batch
-    recording.needs_rng = True
-    run.collate = recording
+    class Recording:  # the run's MLM batching, keeping each evaluation batch
+        random, bucketed, needs_global_lengths = True, False, False
+
+        def evaluation(self, rows, *, min_length=0, rng=None):
+            batch = masking.evaluation(rows, min_length=min_length, rng=rng)
+            recorded.append(batch)
+            return batch
+    run.evaluator.batching = Recording()
     report, _ = run.evaluate(run.params, "heldout")
     mlm = []
     for batch in recorded:
-        sums, _ = run.eval_step(run.params, pipeline.to_global(batch, run.batch_sharding))
+        sums, _ = run.evaluator.eval_step(run.params, pipeline.to_global(batch, run.batch_sharding))
         mlm.append((float(sums["mlm_loss_sum"]), float(sums["mlm_weight"])))
     return report, recorded, mlm, run.model
 
@@ -180,14 +178,16 @@ def test_continue_variant_takes_tokenizer_and_shape_from_the_checkpoint(recipe, 
     phase's steps with a 6% warmup; the run's tokenizer and shape are MiniLM's (not the preset's)."""
     import importlib
     from configs.pretrain.common import PHASES
-    from nli_jax.train import cli, loop
+    from nli_jax.train import cli
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import model_inputs
     module = importlib.import_module(f"configs.pretrain.{recipe}")
     config = module.get_config("continue")
     assert config.model.tokenizer == "" and config.pretrain.continued
     steps = PHASES[config.model.preset][1][2]
     assert config.train.max_steps == steps // 10 and config.optimizer.warmup_steps == steps // 10 * 6 // 100
-    cli.override(config, f"model.init={minilm_dir}")
-    checked = loop.model_inputs(config)
+    cli.apply_overrides(config, [f"model.init={minilm_dir}"])
+    checked = model_inputs(build_plan(config, training=False))  # the corpus is not needed to see the model
     assert checked.tokenizer_dir == minilm_dir and len(checked.tokenizer) == 30522
     c = checked.encoder_config
     assert (c.model_type, c.hidden_size, c.num_hidden_layers, c.vocab_size) == ("bert", 384, 6, 30522)
@@ -216,7 +216,7 @@ def _refused(config, workdir, error, match):
 
 
 def test_continue_without_a_checkpoint_is_refused(tmp_path):
-    from nli_jax.train.validation import ConfigValueError
+    from nli_jax.errors import ConfigValueError
     config = _continue_config("")
     _refused(config, tmp_path, ConfigValueError, r"--config.model.init='': continued pretraining .* starts from a "
                                                  r"checkpoint: pass --config.model.init=DIR")
@@ -230,7 +230,7 @@ def test_continue_from_a_checkpoint_without_tokenizer_is_refused(minilm_dir, tmp
 
 
 def test_continue_with_a_vocabulary_larger_than_the_model_is_refused(minilm_dir, tmp_path):
-    from nli_jax.train.validation import ConfigValueError
+    from nli_jax.errors import ConfigValueError
     init = _checkpoint_copy(minilm_dir, tmp_path / "small_vocab", vocab_size=30000)
     _refused(_continue_config(init), tmp_path / "w", ConfigValueError,
              rf"tokenizer {init} has 30522 entries .* embeds only vocab_size 30000")
@@ -238,7 +238,7 @@ def test_continue_with_a_vocabulary_larger_than_the_model_is_refused(minilm_dir,
 
 def test_continue_with_another_tokenizer_is_refused(minilm_dir, tmp_path):
     from nli_jax.data import fixture_path
-    from nli_jax.train.validation import ConfigValueError
+    from nli_jax.errors import ConfigValueError
     config = _continue_config(minilm_dir, f"model.tokenizer={fixture_path('tiny_wordpiece')}")
     _refused(config, tmp_path, ConfigValueError, r"its vocabulary differs from the one model.init .* use the "
                                                  r"checkpoint's tokenizer")
@@ -286,7 +286,7 @@ def test_both_phases_then_fine_tuning_on_the_shipped_configs(recipe, tmp_path):
 
     module = importlib.import_module(f"configs.pretrain.{recipe}")
     from_phase1 = module.get_config("phase=2,cpu_test")
-    cli.override(from_phase1, f"model.init={phase1 / 'export'}")
+    cli.apply_overrides(from_phase1, [f"model.init={phase1 / 'export'}"])
     report, _, mlm, _ = _heldout_batches_and_reference(from_phase1, phase2)
     np.testing.assert_allclose(second["history"][0]["heldout"]["loss"], report["loss"], rtol=1e-5)
     fresh_report, _, fresh_mlm, _ = _heldout_batches_and_reference(module.get_config("phase=2,cpu_test"), phase2)

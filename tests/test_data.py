@@ -99,7 +99,7 @@ def test_download_from_a_local_server(tmp_path):
 
 def test_pad_batch_uses_the_smallest_bucket():
     rows = [{"input_ids": np.arange(5), "label": np.int32(1)}, {"input_ids": np.arange(9), "label": np.int32(0)}]
-    out = pipeline.pad_batch(rows, buckets=[8, 16, 32], pad_values={"input_ids": 0})
+    out = pipeline.Batching(buckets=(8, 16, 32), pad_values=(("input_ids", 0),)).pad(rows)
     assert out["input_ids"].shape == (2, 16) and out["label"].tolist() == [1, 0]
     assert out["input_ids"][0, 5:].sum() == 0
 
@@ -107,10 +107,10 @@ def test_pad_batch_uses_the_smallest_bucket():
 def test_eval_batches_visit_every_example_once_per_process():
     source = [{"x": i} for i in range(11)]
     encode = lambda e: {"idx": np.int32(e["x"])}
-    collate = lambda rows: {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    stack = pipeline.Batching(buckets=(8,), pad_values=())  # no token fields: rows are stacked
     seen, counts = [], []
     for pi in range(2):
-        batches = list(pipeline.eval_batches(source, encode, local_batch_size=4, collate=collate,
+        batches = list(pipeline.eval_batches(source, encode, stack, local_batch_size=4,
                                              dummy={"idx": np.int32(-1)}, process_index=pi, process_count=2))
         counts.append(len(batches))
         for b in batches:
@@ -123,9 +123,8 @@ def test_eval_batches_visit_every_example_once_per_process():
 def test_train_dataset_reshuffles_each_epoch_and_resumes_from_state():
     source = [{"x": i} for i in range(8)]
     encode = lambda e: {"x": np.int32(e["x"])}
-    collate = lambda rows: {"x": np.stack([r["x"] for r in rows])}
-    make = lambda: iter(pipeline.train_dataset(source, encode, local_batch_size=4, seed=3, num_epochs=3,
-                                               collate=collate))
+    stack = pipeline.Batching(buckets=(8,), pad_values=())  # no token fields: rows are stacked
+    make = lambda: iter(pipeline.train_dataset(source, encode, stack, local_batch_size=4, seed=3, num_epochs=3))
     it = make()
     batches = [next(it)["x"].tolist() for _ in range(6)]
     epochs = [sorted(batches[0] + batches[1]), sorted(batches[2] + batches[3])]
@@ -141,10 +140,10 @@ def test_train_dataset_reshuffles_each_epoch_and_resumes_from_state():
 
 def test_shuffled_index_is_a_permutation_per_epoch():
     for n in (1, 7, 100, 1000, 4099):
-        first = pipeline.shuffled_index(np.arange(n), n, seed=3)
-        second = pipeline.shuffled_index(np.arange(n, 2 * n), n, seed=3)
+        first = pipeline.EpochPermutations(n, seed=3)(np.arange(n))
+        second = pipeline.EpochPermutations(n, seed=3)(np.arange(n, 2 * n))
         assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(n))
         if n > 10:
             assert first.tolist() != second.tolist() and first.tolist() != list(range(n))
-    np.testing.assert_array_equal(pipeline.shuffled_index(np.arange(50), 50, seed=1),
-                                  pipeline.shuffled_index(np.arange(50), 50, seed=1))
+    np.testing.assert_array_equal(pipeline.EpochPermutations(50, seed=1)(np.arange(50)),
+                                  pipeline.EpochPermutations(50, seed=1)(np.arange(50)))

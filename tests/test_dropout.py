@@ -7,14 +7,13 @@ between micro-batches: with learning rate 0 and identical inputs, any difference
 """
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
+from conftest import config_for, optimizer_plan, task_for
 from nli_jax.models import ForMaskedLM, ForSequenceClassification, make_rngs, preset
-from nli_jax.tasks import get_task
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.steps import check_dropout_streams, make_train_step
 
@@ -58,7 +57,7 @@ def _pretrained_model(minilm_dir):
 def _jitted_step(model, lr, accumulation):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
-    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": lr}), 100, 100)
+    tx, schedule = make_optimizer(optimizer_plan(lr=lr), total_steps=100, steps_per_epoch=100, warmup_steps=0)
     step = jax.jit(make_train_step(graphdef, rest, ProbeTask(), tx, schedule, seed=3, accumulation_steps=accumulation))
     return step, {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
 
@@ -130,12 +129,13 @@ def _mlm_batch(rows=8, length=24, predictions=6, seed=0):
 
 
 def _mlm_step(dropout, accumulation):
-    task = get_task("pretraining")
+    task = task_for(config_for("pretrain.indobert_base:cpu_test"))
     model = ForMaskedLM(preset("tiny-bert", hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout),
                         sentence_head=True, rngs=make_rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
-    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adamw", "lr": 1e-3, "weight_decay": 0.01}), 10, 10)
+    tx, schedule = make_optimizer(optimizer_plan(name="adamw", weight_decay=0.01), total_steps=10, steps_per_epoch=10,
+                                  warmup_steps=0)
     step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=0, accumulation_steps=accumulation))
     return step, {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}, (task, graphdef, rest)
 

@@ -1,6 +1,4 @@
 """Evaluation batches group rows of similar length, so padding follows each batch's own rows."""
-import functools
-
 import numpy as np
 
 from nli_jax.data import pipeline
@@ -11,9 +9,9 @@ def test_eval_batches_pad_to_their_own_rows_and_keep_every_example():
     lengths = rng.integers(5, 300, 200)
     source = [{"idx": i, "n": int(n)} for i, n in enumerate(lengths)]
     encode = lambda e: {"input_ids": np.ones(e["n"], np.int32), "idx": np.int32(e["idx"])}
-    collate = functools.partial(pipeline.pad_batch, buckets=[32, 64, 128, 256, 512], pad_values={"input_ids": 0})
+    batching = pipeline.Batching(buckets=(32, 64, 128, 256, 512), pad_values=(("input_ids", 0),))
     dummy = dict(encode(source[0]), idx=np.int32(-1))
-    batches = list(pipeline.eval_batches(source, encode, local_batch_size=16, collate=collate, dummy=dummy))
+    batches = list(pipeline.eval_batches(source, encode, batching, local_batch_size=16, dummy=dummy))
     seen = sorted(int(i) for b in batches for i, w in zip(b["idx"], b["weight"]) if w > 0)
     assert seen == list(range(200))
     padded = sum(b["input_ids"].size for b in batches)

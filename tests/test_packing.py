@@ -5,7 +5,6 @@ update through the loop's jitted step, real checkpoint, to float32 summation tol
 example is in the batch once, its first token where `cls_index` says; processes agree on shapes
 with no communication; the command line packs and computes on fewer tokens.
 """
-import functools
 import json
 import os
 import subprocess
@@ -13,20 +12,23 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import config_for, optimizer_plan, task_for
 from nli_jax.data import pipeline
 from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, make_rngs, preset
-from nli_jax.tasks import get_task
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.steps import make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAD = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}
 BUCKETS = (16, 32, 64)
+
+
+def _batching(groups=1, pad=PAD):
+    return pipeline.Batching(buckets=BUCKETS, pad_values=tuple(pad.items()), packing_groups=groups)
 
 
 def _rows(lengths, seed=0, vocab=1000):
@@ -57,7 +59,7 @@ def test_first_fit_decreasing_keeps_every_item_once_within_capacity():
 def test_pack_batch_places_every_example_once_with_its_own_positions(groups):
     lengths = [40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8]
     rows = _rows(lengths)
-    batch = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=groups)
+    batch = _batching(groups).pack(rows)
     rows_total, length = batch["input_ids"].shape
     assert length == 64 and rows_total % groups == 0 and rows_total < len(rows)
     per_group = len(rows) // groups
@@ -81,10 +83,9 @@ def test_pack_batch_places_every_example_once_with_its_own_positions(groups):
 def test_processes_agree_on_the_packed_shape_from_the_global_lengths():
     lengths = np.random.default_rng(3).integers(5, 60, 32)
     rows = _rows(lengths)
-    whole = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=4)
+    whole = _batching(4).pack(rows)
     # Two processes, two groups each: the same shapes, and together the same rows.
-    halves = [pipeline.pack_batch(rows[p * 16:(p + 1) * 16], buckets=BUCKETS, pad_values=PAD, groups=2,
-                                  global_lengths=lengths) for p in range(2)]
+    halves = [_batching(2).pack(rows[p * 16:(p + 1) * 16], global_lengths=lengths) for p in range(2)]
     assert halves[0]["input_ids"].shape == halves[1]["input_ids"].shape
     for key in ("input_ids", "segment_ids", "position_ids", "cls_index"):
         np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])
@@ -98,8 +99,11 @@ def test_row_counts_come_in_a_few_sizes():
     assert all(rows % 4 == 0 for rows, _ in shapes) and len(shapes) <= 4
 
 
+INDONLI = task_for(config_for("indonli_large:cpu_test"))
+
+
 def _padded(rows):
-    return pipeline.pad_batch(rows, buckets=BUCKETS, pad_values=PAD)
+    return _batching().pad(rows)
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +112,12 @@ def minilm_classifier(minilm_dir):
 
 
 def _logits(model, batch):
-    return get_task("indonli").predict(model, {k: jnp.asarray(v) for k, v in batch.items()})["probabilities"]
+    return INDONLI.predict(model, {k: jnp.asarray(v) for k, v in batch.items()})["probabilities"]
 
 
 def test_packed_logits_equal_the_padded_ones_on_a_real_checkpoint(minilm_classifier):
     rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
-    packed = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=2)
+    packed = _batching(2).pack(rows)
     np.testing.assert_allclose(_logits(minilm_classifier, packed), _logits(minilm_classifier, _padded(rows)),
                                atol=2e-6)
 
@@ -133,8 +137,8 @@ def test_packed_outputs_equal_the_padded_ones(family):
     else:
         model = ForMultiAspectClassification(preset("tiny-bert"), num_aspects=4, num_labels=3, rngs=make_rngs(0))
         pad = PAD
-    packed = pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=pad, groups=1)
-    padded = pipeline.pad_batch(rows, buckets=BUCKETS, pad_values=pad)
+    packed = _batching(1, pad).pack(rows)
+    padded = _batching(1, pad).pad(rows)
     assert packed["input_ids"].shape[0] < len(rows)
     run = lambda b: model(jnp.asarray(b["input_ids"]), jnp.asarray(b["attention_mask"]),
                           jnp.asarray(b["token_type_ids"]), deterministic=True,
@@ -147,17 +151,18 @@ def test_packed_outputs_equal_the_padded_ones(family):
 def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir, accumulation):
     """The jitted train step (loss, gradient norm, Adam update) on a real checkpoint with dropout
     off: packing changes which zeros are computed, not the result. With gradient accumulation
-    the loop packs one group per micro-batch (loop.train_collate), which the step splits."""
+    the loop packs one group per micro-batch (BatchPlan.packing_groups), which the step splits."""
     model = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=0, config_overrides={
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "classifier_dropout": 0.0})
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
-    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": 1e-4, "grad_clip": 1.0}), 10, 10)
+    tx, schedule = make_optimizer(optimizer_plan(lr=1e-4, grad_clip=1.0), total_steps=10, steps_per_epoch=10,
+                                  warmup_steps=0)
     rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], seed=1, vocab=30000)
     out = []
     for batch, steps in ((_padded(rows), 1),
-                         (pipeline.pack_batch(rows, buckets=BUCKETS, pad_values=PAD, groups=accumulation), accumulation)):
-        step = jax.jit(make_train_step(graphdef, rest, get_task("indonli"), tx, schedule, seed=0,
+                         (_batching(accumulation).pack(rows), accumulation)):
+        step = jax.jit(make_train_step(graphdef, rest, INDONLI, tx, schedule, seed=0,
                                        accumulation_steps=steps))
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
         out.append(step(state, batch))

@@ -240,11 +240,13 @@ def test_masks_do_not_depend_on_the_number_of_processes(masked_real_batches):
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
 def test_weight_decay_spares_layernorm_and_biases(name):
     import jax.numpy as jnp
-    import ml_collections
+
+    from conftest import optimizer_plan
     from nli_jax.train.optimizers import make_optimizer
     params = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones(4)}, "norm": {"scale": jnp.ones(4)}}
     grads = {"dense": {"kernel": jnp.zeros((4, 4)), "bias": jnp.zeros(4)}, "norm": {"scale": jnp.zeros(4)}}
-    tx, _ = make_optimizer(ml_collections.ConfigDict({"name": name, "lr": 0.1, "weight_decay": 0.01}), 10, 10)
+    tx, _ = make_optimizer(optimizer_plan(name=name, lr=0.1, weight_decay=0.01, eps=1e-6 if name == "lamb" else 1e-8),
+                           total_steps=10, steps_per_epoch=10, warmup_steps=0)
     updates, _ = tx.update(grads, tx.init(params), params)
     assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0  # decayed
     assert float(jnp.abs(updates["dense"]["bias"]).max()) == 0 and float(jnp.abs(updates["norm"]["scale"]).max()) == 0
@@ -281,13 +283,13 @@ def test_phase2_starts_from_phase1_weights_with_a_fresh_step(phase1, tmp_path):
     import orbax.checkpoint as ocp
     import jax
     from flax import nnx
-    from configs.pretrain import indobert_base
+    from conftest import config_for
     from nli_jax.checkpoints import load_tokenizer
-    from nli_jax.tasks import get_task
-    from nli_jax.train.loop import build_model
-    config = indobert_base.get_config("phase=2,cpu_test")
-    config.model.init = str(phase1 / "export")
-    model = build_model(config, get_task("pretraining"), load_tokenizer(config.model.tokenizer))
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import build_model
+    plan = build_plan(config_for("pretrain.indobert_base:phase=2,cpu_test", f"model.init={phase1 / 'export'}"))
+    model = build_model(plan.model, create_task(plan), load_tokenizer(plan.model.tokenizer), plan.seed)
     final = ocp.StandardCheckpointer().restore(str(phase1 / "checkpoints" / "120" / "state"))["params"]
     ours = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(final)):
@@ -335,15 +337,14 @@ def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):
     from a training bug."""
     import jax
     import jax.numpy as jnp
-    import ml_collections
     import torch
     import transformers
     from flax import nnx
 
+    from conftest import config_for, optimizer_plan, task_for
     from nli_jax.checkpoints.hf import load_tokenizer
     from nli_jax.data import fixture_path
     from nli_jax.models import ForMaskedLM, make_rngs, preset
-    from nli_jax.tasks import get_task
     from nli_jax.train.optimizers import make_optimizer
     from nli_jax.train.steps import make_train_step
 
@@ -365,13 +366,13 @@ def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):
     reference = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "init"))
     reference.train()
 
-    opt_cfg = ml_collections.ConfigDict(dict(name="adamw", lr=lr, weight_decay=0.01, eps=1e-6, schedule="linear",
-                                             warmup_steps=10, grad_clip=1.0))
-    tx, schedule = make_optimizer(opt_cfg, steps, steps)
+    opt = optimizer_plan(name="adamw", lr=lr, weight_decay=0.01, eps=1e-6, schedule="linear", grad_clip=1.0)
+    tx, schedule = make_optimizer(opt, total_steps=steps, steps_per_epoch=steps, warmup_steps=10)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = {"params": nnx.to_pure_dict(params), "step": jnp.int32(0)}
     state["opt_state"] = tx.init(state["params"])
-    train_step = jax.jit(make_train_step(graphdef, rest, get_task("pretraining"), tx, schedule, seed=0))
+    train_step = jax.jit(make_train_step(graphdef, rest, task_for(config_for("pretrain.indobert_base:cpu_test")), tx,
+                                         schedule, seed=0))
 
     no_decay = [p for n, p in reference.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
     decay = [p for n, p in reference.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]

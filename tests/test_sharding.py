@@ -25,7 +25,11 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 from configs import indonli_large
 from nli_jax.train import loop
-from nli_jax.train.sharding import shardings_of
+
+
+def shardings_of(tree):  # {path: PartitionSpec} the arrays hold (not the ones asked for)
+    return {jax.tree_util.keystr(path): x.sharding.spec
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "sharding")}
 
 meshes, root = json.loads(sys.argv[1]), sys.argv[2]
 train, kept = loop.train, []
@@ -122,25 +126,24 @@ def test_fsdp_and_tensor_meshes_train_like_data_parallel_with_sharded_params_and
 def test_processes_agree_on_bucket_lengths_without_exchanging_anything():
     """pipeline.train_dataset / eval_batches given every example's length: each process pads its
     rows of a step to the bucket of the whole global batch's longest row."""
-    import functools
     import numpy as np
     from nli_jax.data import pipeline
     rng = np.random.default_rng(0)
     source = [{"idx": i, "input_ids": np.ones(int(n), np.int32)} for i, n in enumerate(
               rng.choice([5, 12, 20, 40, 100], size=203, p=[0.55, 0.3, 0.1, 0.04, 0.01]))]
     encode = lambda example: example
-    collate = functools.partial(pipeline.pad_batch, buckets=[16, 32, 64, 128], pad_values={"input_ids": 0})
-    assert pipeline.is_bucketing(collate)
+    batching = pipeline.Batching(buckets=(16, 32, 64, 128), pad_values=(("input_ids", 0),))
+    assert batching.needs_global_lengths
     lengths = pipeline.encoded_lengths(source, encode, 0, 1)
     train = [[b["input_ids"].shape[1] for b in pipeline.train_dataset(
-        source, encode, local_batch_size=4, seed=1, num_epochs=1, collate=collate, process_index=p, process_count=3,
+        source, encode, batching, local_batch_size=4, seed=1, num_epochs=1, process_index=p, process_count=3,
         lengths=lengths)] for p in range(3)]
     one = [b["input_ids"].shape[1] for b in pipeline.train_dataset(
-        source, encode, local_batch_size=12, seed=1, num_epochs=1, collate=collate)]
+        source, encode, batching, local_batch_size=12, seed=1, num_epochs=1)]
     assert train[0] == train[1] == train[2] == one and len(set(one)) > 1
     dummy = dict(source[0], idx=-1)
     evals = [[b["input_ids"].shape[1] for b in pipeline.eval_batches(
-        source, encode, local_batch_size=8, collate=collate, dummy=dummy, process_index=p, process_count=3,
+        source, encode, batching, local_batch_size=8, dummy=dummy, process_index=p, process_count=3,
         lengths=lengths)] for p in range(3)]
     assert evals[0] == evals[1] == evals[2] and len(set(evals[0])) > 1
 
@@ -156,8 +159,10 @@ def _cli(module, workdir, *overrides, config, devices=8, timeout=900):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module,config,overrides", [
+    # Padded rows, as in the in-process test above: packed rows are laid out per data-parallel
+    # shard, so dropout masks fall differently when that size changes (data8 vs data2_tensor4).
     ("finetune.main", "configs/indonli_large.py:cpu_test",
-     ("--config.train.max_steps=12", "--config.eval_splits=('validation',)")),
+     ("--config.train.max_steps=12", "--config.eval_splits=('validation',)", "--config.data.packing=False")),
     ("pretrain.main", "configs/pretrain/indobert_base.py:cpu_test",
      ("--config.train.max_steps=12", "--config.train.eval_every_steps=12", "--config.train.checkpoint_every_steps=12")),
 ], ids=["finetune", "pretrain"])

@@ -170,10 +170,11 @@ def _cell(lr, seed, validation=None, status="finished"):
 
 
 def test_selection_is_by_mean_validation_over_finished_seeds_ties_to_the_first():
-    import ml_collections
+    from conftest import config_for
     from finetune.sweep import summarize
-    config = ml_collections.ConfigDict({"task": "indonli", "eval_splits": ("validation", "test_lay"),
-                                        "model": {"init": "/ckpt/indobert-large-p2/", "preset": ""}})
+    from nli_jax.train.planner import build_plan
+    config = build_plan(config_for("indonli_large", "eval_splits=('validation','test_lay')",
+                                   "model.init=/ckpt/indobert-large-p2/"), training=False)
     cells = [_cell(1e-5, 1, 0.70), _cell(1e-5, 2, 0.80),  # mean 0.75
              _cell(3e-5, 1, 0.90), _cell(3e-5, 2, 0.50),  # mean 0.70 despite the best single run
              _cell(1e-6, 1, status="failed"), _cell(1e-6, 2, status="pending")]

@@ -77,18 +77,17 @@ def test_bad_rows_name_file_and_line(tmp_path, task, text, message):
 
 
 def test_word_alignment_first_and_average(minilm_dir):
-    import ml_collections
     import nli_jax
-    from nli_jax.tasks import get_task
+    from conftest import config_for, task_for
     tokenizer = nli_jax.load_tokenizer(minilm_dir)
-    task = get_task("nerp")
-    task.labels = ("B-PPL", "O")
     example = {"tokens": ["Budi", "mengunjungi", "Surabaya"], "tags": ["B-PPL", "O", "O"], "idx": 0}
     pieces = [tokenizer.tokenize(w) for w in example["tokens"]]
     assert len(pieces[1]) > 1, "need a word split into several sub-tokens"
     for alignment in ("first", "average"):
-        config = ml_collections.ConfigDict({"data": {"max_seq_length": 32, "word_alignment": alignment}})
-        features = task.encoder(config, tokenizer)(example)
+        task = task_for(config_for("indonlu:task=nerp,cpu_test", "data.max_seq_length=32",
+                                   f"data.word_alignment={alignment}"))
+        task.labels = ("B-PPL", "O")
+        features = task.encoder(tokenizer)(example)
         index = features["word_index"]
         expected = [-1]
         for w, p in enumerate(pieces):
@@ -101,7 +100,7 @@ def test_word_alignment_first_and_average(minilm_dir):
 def test_word_logits_average_subtokens():
     """Word logits = mean of the word's sub-token logits (what averaging vectors gives)."""
     import jax.numpy as jnp
-    from nli_jax.tasks import get_task
+    from conftest import config_for, task_for
 
     class Fixed:
         def __call__(self, ids, mask, types, deterministic):
@@ -111,7 +110,7 @@ def test_word_logits_average_subtokens():
              "token_type_ids": jnp.zeros((2, 5), jnp.int32), "word_index": jnp.array([[-1, 0, 0, 1, -1], [-1, 0, 1, 1, 1]]),
              "word_labels": jnp.zeros((2, 2), jnp.int32)}
     logits = np.asarray(Fixed()(None, None, None, True))
-    out = np.asarray(get_task("nerp").word_logits(Fixed(), batch, True))
+    out = np.asarray(task_for(config_for("indonlu:task=nerp,cpu_test")).word_logits(Fixed(), batch, True))
     np.testing.assert_allclose(out[0, 0], logits[0, 1:3].mean(0))
     np.testing.assert_allclose(out[1, 1], logits[1, 2:5].mean(0))
 
@@ -167,7 +166,7 @@ def test_task_results_match_seqeval_on_written_predictions(benchmark_run):
 
 def _nli_config(task, shared_data, tmp_path, **data):
     c = finetune_common.base_config()
-    finetune_common.apply_cpu_test(c)
+    finetune_common.apply_nli_cpu_test(c)
     c.task = task
     c.data.tfds_dir = str(tmp_path / "tfds")
     c.train.max_steps = 4
@@ -175,14 +174,14 @@ def _nli_config(task, shared_data, tmp_path, **data):
     for k, v in data.items():
         c.data[k] = v
     # Only splits the task can have: a name it never has (a typo) is refused before compute.
-    from nli_jax.tasks import get_task
-    c.eval_splits = tuple(s for s in ("validation", "test", "topic_ood") if s in get_task(task).possible_splits(c))
+    from conftest import task_for
+    c.eval_splits = tuple(s for s in ("validation", "test", "topic_ood") if s in task_for(c).possible_splits())
     return c
 
 
 def test_ocnli_reports_genre_and_level(shared_data, tmp_path):
     from nli_jax.pretraining.vocab import train_vocabulary
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     c = _nli_config("ocnli", shared_data, tmp_path, source=str(shared_data / "ocnli"), train_size="3k")
     # Chinese text needs a vocabulary with its characters: the Indonesian fixture's maps 95% of it
     # to [UNK], which the loop refuses.
@@ -201,7 +200,7 @@ def test_ocnli_reports_genre_and_level(shared_data, tmp_path):
 
 
 def test_inferes_validation_carved_and_topic_out_of_distribution(shared_data, tmp_path):
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     c = _nli_config("inferes", shared_data, tmp_path, source=str(shared_data / "inferes"), holdout_topic="3",
                     hypothesis_only=True)
     results = train_and_evaluate(c, str(tmp_path / "run"))
@@ -215,13 +214,12 @@ def test_inferes_validation_carved_and_topic_out_of_distribution(shared_data, tm
 
 @pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_translate_train_trains_on_mt_and_evaluates_on_indonli(shared_data, tmp_path):
-    from nli_jax.tasks import get_task
-    from nli_jax.train import train_and_evaluate
+    from conftest import task_for
+    from nli_jax.train.loop import train_and_evaluate
     c = _nli_config("indonli_translate_train", shared_data, tmp_path, source=str(shared_data / "indonli"),
                     translate_train_source=str(shared_data / "indonli_translate_train_small"))
-    task = get_task("indonli_translate_train")
-    assert len(task.load(c)["train"]) == 10330
+    assert len(task_for(c).load()["train"]) == 10330
     c.data.mix_indonli_train = True
-    assert len(task.load(c)["train"]) == 10330 + 10330
+    assert len(task_for(c).load()["train"]) == 10330 + 10330
     results = train_and_evaluate(c, str(tmp_path / "run"))
     assert results["splits"]["validation"]["count"] == 2197

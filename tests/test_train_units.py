@@ -1,14 +1,14 @@
 """Optimizer masks and schedules, exact gradient accumulation, metrics, mesh rules."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
+from configs.finetune_common import MESH_RULES
+from conftest import config_for, optimizer_plan, task_for
 from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
 from nli_jax.models import ForSequenceClassification, make_rngs, preset
-from nli_jax.tasks import get_task
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.optimizers import decay_mask, learning_rate_schedule, make_optimizer
 from nli_jax.train.steps import make_train_step
@@ -24,23 +24,36 @@ def test_weight_decay_skips_layernorm_and_biases():
 
 
 def test_schedules():
-    cfg = ml_collections.ConfigDict({"lr": 1.0, "schedule": "exponential_per_epoch", "decay_rate": 0.9})
-    s = learning_rate_schedule(cfg, total_steps=30, steps_per_epoch=10)
+    opt = optimizer_plan(lr=1.0, schedule="exponential_per_epoch", decay_rate=0.9)
+    s = learning_rate_schedule(opt, total_steps=30, steps_per_epoch=10, warmup_steps=0)
     np.testing.assert_allclose([s(0), s(9), s(10), s(25)], [1.0, 1.0, 0.9, 0.81], rtol=1e-6)
-    cfg = ml_collections.ConfigDict({"lr": 2.0, "schedule": "linear", "warmup_steps": 10})
-    s = learning_rate_schedule(cfg, total_steps=110, steps_per_epoch=10)
+    s = learning_rate_schedule(optimizer_plan(lr=2.0, schedule="linear"), total_steps=110, steps_per_epoch=10,
+                               warmup_steps=10)
     np.testing.assert_allclose([s(0), s(5), s(10), s(60), s(110)], [0.0, 1.0, 2.0, 1.0, 0.0], atol=1e-6)
     with pytest.raises(ValueError, match="unknown optimizer.schedule"):
-        learning_rate_schedule(ml_collections.ConfigDict({"lr": 1.0, "schedule": "cosine-ish"}), 10, 1)
+        learning_rate_schedule(optimizer_plan(lr=1.0, schedule="cosine-ish"), total_steps=10, steps_per_epoch=1,
+                               warmup_steps=0)
+
+
+def test_warmup_from_ratio_and_intervals_in_the_step_plan():
+    """warmup_ratio x total steps; validation once an epoch and a checkpoint at each by default."""
+    from nli_jax.train.planner import build_plan, step_plan
+    plan = build_plan(config_for("indonli_large:cpu_test", "optimizer.warmup_steps=0", "optimizer.warmup_ratio=0.1",
+                                 "train.num_epochs=3"))
+    steps = step_plan(plan, 300)  # 18 steps of 16 per epoch
+    assert (steps.steps_per_epoch, steps.total_steps, steps.warmup_steps) == (18, 54, 5)
+    assert (steps.eval_every, steps.checkpoint_every, steps.log_every) == (18, 18, 10)
+    capped = step_plan(build_plan(config_for("indonli_large:cpu_test", "train.max_steps=20")), 300)
+    assert (capped.total_steps, capped.warmup_steps) == (20, 10)
 
 
 def test_gradient_accumulation_equals_one_big_batch():
-    task = get_task("indonli")
+    task = task_for(config_for("indonli_large:cpu_test"))
     config = preset("tiny-bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = ForSequenceClassification(config, num_labels=3, rngs=make_rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
-    tx, schedule = make_optimizer(ml_collections.ConfigDict({"name": "adam", "lr": 1e-3}), 10, 10)
+    tx, schedule = make_optimizer(optimizer_plan(), total_steps=10, steps_per_epoch=10, warmup_steps=0)
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(5, 1000, (8, 12)).astype(np.int32), "attention_mask": np.ones((8, 12), np.int32),
              "token_type_ids": np.zeros((8, 12), np.int32), "label": rng.integers(0, 3, 8).astype(np.int32),
@@ -73,9 +86,10 @@ def test_accuracy_breakdowns_by_hand():
 def test_logical_rules_map_to_mesh_axes():
     devices = np.array(jax.devices() * 4)[:4] if len(jax.devices()) < 4 else jax.devices()[:4]
     mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 2, 2), mesh_lib.MESH_AXES)
-    spec = mesh_lib.logical_to_spec(("embed", "heads", "kv"), (64, 4, 16), mesh)
+    spec = mesh_lib.logical_to_spec(("embed", "heads", "kv"), (64, 4, 16), mesh, MESH_RULES)
     assert spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
     # 3 labels do not divide over 2 tensor devices: replicated.
-    assert mesh_lib.logical_to_spec(("embed", "labels"), (64, 3), mesh) == jax.sharding.PartitionSpec("fsdp", None)
+    assert (mesh_lib.logical_to_spec(("embed", "labels"), (64, 3), mesh, MESH_RULES)
+            == jax.sharding.PartitionSpec("fsdp", None))
     with pytest.raises(ValueError, match="needs 8 devices"):
         mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, devices=list(devices))

@@ -84,7 +84,6 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     c.train.log_every_steps = 100
     c.train.early_stopping_patience = 0
     c.train.eval_batch_size = 256
-    c.train.peak_tflops_per_device = 0.0  # e.g. 123 for TPU v3 bf16: enables MFU in the log
     c.model.dtype = "bfloat16"  # on accelerators; the cpu_test variant computes in float32
 
     if continued:
@@ -93,10 +92,10 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
 
     if cpu_test:
         from nli_jax.data import fixture_path
-        c.model.dtype = "float32"
-        if not continued:  # continued: the checkpoint's own tokenizer and shape
-            c.model.preset = "tiny-albert" if albert else "tiny-bert"
-            c.model.tokenizer = fixture_path("tiny_wordpiece")
+        if continued:  # the checkpoint's own tokenizer and shape
+            c.model.dtype = "float32"
+        else:
+            finetune_common.apply_cpu_test(c, preset="tiny-albert" if albert else "tiny-bert")
         c.pretrain.corpus = (fixture_path("corpus_tiny") + "/*.txt",)
         c.pretrain.heldout_examples = 200
         c.pretrain.heldout_permille = 100

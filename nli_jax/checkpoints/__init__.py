@@ -1,6 +1,5 @@
-"""Hugging Face checkpoint import/export."""
-from nli_jax.checkpoints.hf import (CheckpointError, from_pretrained, load_tokenizer, load_weights, read_config,
-                                    save_pretrained, state_dict)
+"""Hugging Face model directories as files (config.json, weights, tokenizer). The models map
+weights onto themselves with nli_jax.models.pretrained."""
+from nli_jax.checkpoints.hf import CheckpointError, load_tokenizer, read_config, read_weights, resolve_directory
 
-__all__ = ["CheckpointError", "from_pretrained", "load_tokenizer", "load_weights", "read_config", "save_pretrained",
-           "state_dict"]
+__all__ = ["CheckpointError", "load_tokenizer", "read_config", "read_weights", "resolve_directory"]

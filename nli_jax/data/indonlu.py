@@ -29,11 +29,17 @@ class IndoNLUTask:
     extension: str
     kind: str  # "single", "pair", "aspects", "tagging", "qa"
     parse_file: Callable[[str], list[dict]]
+    title: str  # as the IndoNLU paper's tables name it
     aspects: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()  # the benchmark's label set (classification); tags are read from files
 
     def filename(self, split: str) -> str:
         return f"{SPLIT_PREFIX[split]}.{self.extension}"
+
+    @property
+    def is_classification(self) -> bool:
+        """One of the five classification tasks (the rest label words)."""
+        return self.kind in ("single", "pair", "aspects")
 
 
 # --- parsers: file -> list of examples ------------------------------------------------------------
@@ -170,23 +176,29 @@ def _facqa(path, labelled=True):
 CASA_ASPECTS = ("fuel", "machine", "others", "part", "price", "service")
 HOASA_ASPECTS = ("ac", "air_panas", "bau", "general", "kebersihan", "linen", "service", "sunrise_meal", "tv", "wifi")
 
+# The 12 IndoNLU tasks, in the benchmark's order (5 classification, then 7 sequence labelling):
+# the one list every part of nli-jax takes them from (tasks, configs, benchmark, leaderboard).
 TASKS: dict[str, IndoNLUTask] = {t.name: t for t in [
-    IndoNLUTask("emot", "emot_emotion-twitter", "csv", "single", _single_csv("tweet", "label"),
+    IndoNLUTask("emot", "emot_emotion-twitter", "csv", "single", _single_csv("tweet", "label"), "EmoT",
                 labels=("anger", "fear", "happy", "love", "sadness")),
-    IndoNLUTask("smsa", "smsa_doc-sentiment-prosa", "tsv", "single", _smsa, labels=("negative", "neutral", "positive")),
-    IndoNLUTask("casa", "casa_absa-prosa", "csv", "aspects", _aspects("sentence", CASA_ASPECTS), CASA_ASPECTS,
+    IndoNLUTask("smsa", "smsa_doc-sentiment-prosa", "tsv", "single", _smsa, "SmSA",
                 labels=("negative", "neutral", "positive")),
-    IndoNLUTask("hoasa", "hoasa_absa-airy", "csv", "aspects", _aspects("review", HOASA_ASPECTS), HOASA_ASPECTS,
-                labels=("neg", "neg_pos", "neut", "pos")),
-    IndoNLUTask("wrete", "wrete_entailment-ui", "csv", "pair", _wrete, labels=("Entail_or_Paraphrase", "NotEntail")),
-    IndoNLUTask("posp", "posp_pos-prosa", "txt", "tagging", _tagging),
-    IndoNLUTask("bapos", "bapos_pos-idn", "txt", "tagging", _tagging),
-    IndoNLUTask("terma", "terma_term-extraction-airy", "txt", "tagging", _tagging),
-    IndoNLUTask("keps", "keps_keyword-extraction-prosa", "txt", "tagging", _tagging),
-    IndoNLUTask("nergrit", "nergrit_ner-grit", "txt", "tagging", _tagging),
-    IndoNLUTask("nerp", "nerp_ner-prosa", "txt", "tagging", _tagging),
-    IndoNLUTask("facqa", "facqa_qa-factoid-itb", "csv", "qa", _facqa),
+    IndoNLUTask("casa", "casa_absa-prosa", "csv", "aspects", _aspects("sentence", CASA_ASPECTS), "CASA", CASA_ASPECTS,
+                labels=("negative", "neutral", "positive")),
+    IndoNLUTask("hoasa", "hoasa_absa-airy", "csv", "aspects", _aspects("review", HOASA_ASPECTS), "HoASA",
+                HOASA_ASPECTS, labels=("neg", "neg_pos", "neut", "pos")),
+    IndoNLUTask("wrete", "wrete_entailment-ui", "csv", "pair", _wrete, "WReTE",
+                labels=("Entail_or_Paraphrase", "NotEntail")),
+    IndoNLUTask("posp", "posp_pos-prosa", "txt", "tagging", _tagging, "POSP"),
+    IndoNLUTask("bapos", "bapos_pos-idn", "txt", "tagging", _tagging, "BaPOS"),
+    IndoNLUTask("terma", "terma_term-extraction-airy", "txt", "tagging", _tagging, "TermA"),
+    IndoNLUTask("keps", "keps_keyword-extraction-prosa", "txt", "tagging", _tagging, "KEPS"),
+    IndoNLUTask("nergrit", "nergrit_ner-grit", "txt", "tagging", _tagging, "NERGrit"),
+    IndoNLUTask("nerp", "nerp_ner-prosa", "txt", "tagging", _tagging, "NERP"),
+    IndoNLUTask("facqa", "facqa_qa-factoid-itb", "csv", "qa", _facqa, "FacQA"),
 ]}
+CLASSIFICATION_TASKS = tuple(name for name, task in TASKS.items() if task.is_classification)
+SEQUENCE_LABELLING_TASKS = tuple(name for name, task in TASKS.items() if not task.is_classification)
 
 
 def task_directory(task: IndoNLUTask, source: str) -> str:

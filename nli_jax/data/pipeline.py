@@ -1,6 +1,6 @@
 """grain input pipelines: seeded shuffle (new order each epoch) -> this process's rows of each
-global batch (one batched read) -> encode (tokenise) -> collate (pad to a length bucket, or MLM
-masking) -> global jax.Array.
+global batch (one batched read) -> encode (tokenise) -> batch (a `Batching`: padded to a length
+bucket or packed; MLM masking for pretraining) -> global jax.Array.
 
 Training iterators are grain DatasetIterators whose state is checkpointed with the model, so
 a resumed run continues from the exact batch. Evaluation visits every example once: the last
@@ -9,9 +9,9 @@ batches are padded with weight-0 rows so every process runs the same number of s
 from __future__ import annotations
 
 import bisect
-import functools
+import dataclasses
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Callable, ClassVar, Iterator, Sequence
 
 import grain
 import jax
@@ -22,28 +22,6 @@ def bucket_length(buckets: Sequence[int], longest: int) -> int:
     """The smallest bucket that holds `longest` tokens (`longest` itself beyond the last bucket)."""
     index = bisect.bisect_left(buckets, longest)
     return buckets[index] if index < len(buckets) else longest
-
-
-def pad_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[str, int] | None = None,
-              min_length: int = 0) -> dict:
-    """Stacks encoded rows. The fields named in `pad_values` have variable length and are padded
-    with their value to the smallest bucket >= the longest row (or >= `min_length`: the longest
-    row of the global batch, when other processes hold the rest of it), so a run compiles one step
-    per bucket instead of one per length; the others are stacked as they are."""
-    pad_values = pad_values or {}
-    out = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        first = np.asarray(values[0])
-        if first.ndim >= 1 and key in pad_values:
-            length = bucket_length(buckets, max(max(len(v) for v in values), min_length))
-            arr = np.full((len(values), length) + first.shape[1:], pad_values[key], dtype=first.dtype)
-            for i, v in enumerate(values):
-                arr[i, : len(v)] = v
-            out[key] = arr
-        else:
-            out[key] = np.stack([np.asarray(v) for v in values])
-    return out
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -82,60 +60,110 @@ def packed_shape(lengths: Sequence[int], *, groups: int, buckets: Sequence[int])
     return _rounded_rows(needed, per_group), capacity
 
 
-def pack_batch(rows: Sequence[dict], *, buckets: Sequence[int], pad_values: dict[str, int], groups: int = 1,
-               global_lengths: Sequence[int] | None = None) -> dict:
-    """Several examples per row: a batch of B sequence-level examples becomes R <= B rows of
-    token fields, each example a segment of a row with its own position ids and an attention
-    mask that keeps it to itself, so every example's outputs are those of its unpacked row
-    (IndoNLI at length 128: 20 rows of 128 instead of 32, 0.79 -> 0.19 padded tokens per real one).
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How encoded rows become a batch, for training and for evaluation: the one object the
+    input pipeline, the loop and evaluation are given (a task with batch-level random work,
+    MLM masking, gives its own object with the same four members instead).
 
-    The rows are cut into `groups` contiguous groups of examples, each packed into its own rows
-    (one group per data-parallel shard and micro-batch: an example and its row are on the same
-    device). Token fields (those in `pad_values`) become [groups * rows_per_group, length] with
-    `segment_ids` (1, 2, ... per example in its row, 0 for padding) and `position_ids`;
-    `cls_index` [groups, B / groups] is each example's first token as an index into its group's
-    rows flattened; the other fields (label, weight, idx) stay one per example, in order.
-    `global_lengths`: the example lengths of the whole global batch when other processes hold the
-    rest of it; every process then uses the same row count and length."""
-    per_group = len(rows) // groups
-    if per_group * groups != len(rows):
-        raise ValueError(f"{len(rows)} examples do not split into {groups} packing groups")
-    lengths = [len(r["input_ids"]) for r in rows]
-    capacity = bucket_length(buckets, max(lengths) if global_lengths is None else int(np.max(global_lengths)))
-    group_bins = [first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity) for g in range(groups)]
-    if global_lengths is None:
-        rows_per_group = _rounded_rows(max(len(bins) for bins in group_bins), per_group)
-    else:  # every other process's groups too
-        rows_per_group, _ = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
-                                         buckets=buckets)
-    out = {key: np.full((groups * rows_per_group, capacity), value, dtype=np.asarray(rows[0][key]).dtype)
-           for key, value in pad_values.items()}
-    segment_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
-    position_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
-    cls_index = np.zeros((groups, per_group), np.int32)
-    for g, bins in enumerate(group_bins):
-        if len(bins) > rows_per_group:
-            raise ValueError(f"packing group {g} needs {len(bins)} rows, more than the batch's {rows_per_group}")
-        for b, positions in enumerate(bins):
-            row, offset = g * rows_per_group + b, 0
-            for segment, position in enumerate(sorted(positions), 1):
-                example = g * per_group + position
-                n = lengths[example]
-                for key in pad_values:
-                    out[key][row, offset:offset + n] = rows[example][key]
-                segment_ids[row, offset:offset + n] = segment
-                position_ids[row, offset:offset + n] = np.arange(n)
-                cls_index[g, position] = b * capacity + offset
-                offset += n
-    for key in rows[0]:
-        if key not in pad_values:
-            out[key] = np.stack([np.asarray(r[key]) for r in rows])
-    out.update(segment_ids=segment_ids, position_ids=position_ids, cls_index=cls_index)
-    return out
+    `pad`: fields with a pad value (token fields) are padded to the smallest of `buckets` that
+    holds the longest row, so a run compiles one step per bucket instead of one per length.
+    `pack` (training, when `packing_groups` > 0): several examples per row, each attending to
+    itself only, packed in `packing_groups` groups per process."""
+    buckets: tuple[int, ...]
+    pad_values: tuple[tuple[str, int], ...]
+    packing_groups: int = 0
+    random: ClassVar[bool] = False  # whether batches draw random numbers (MLM masking)
 
+    @property
+    def bucketed(self) -> bool:
+        """Whether padded batches take one of several lengths (processes must agree on it)."""
+        return len(self.buckets) > 1
 
-def is_packing(collate) -> bool:
-    return isinstance(collate, functools.partial) and collate.func is pack_batch
+    @property
+    def needs_global_lengths(self) -> bool:
+        """Whether processes holding parts of a global training batch need every example's
+        length to agree on its shape (bucketed padding, or packing)."""
+        return self.packing_groups > 0 or self.bucketed
+
+    def training(self, rows: Sequence[dict], *, global_lengths=None, rng=None) -> dict:
+        """A training batch: packed, or padded to the bucket of the global batch's longest row."""
+        if self.packing_groups:
+            return self.pack(rows, global_lengths=global_lengths)
+        return self.pad(rows, min_length=0 if global_lengths is None else int(np.max(global_lengths)))
+
+    def evaluation(self, rows: Sequence[dict], *, min_length: int = 0, rng=None) -> dict:
+        return self.pad(rows, min_length=min_length)
+
+    def pad(self, rows: Sequence[dict], *, min_length: int = 0) -> dict:
+        """Stacks encoded rows. The fields with a pad value have variable length and are padded
+        to the smallest bucket >= the longest row (or >= `min_length`: the longest row of the
+        global batch, when other processes hold the rest of it); the others are stacked as they are."""
+        pad_values = dict(self.pad_values)
+        out = {}
+        for key in rows[0]:
+            values = [r[key] for r in rows]
+            first = np.asarray(values[0])
+            if first.ndim >= 1 and key in pad_values:
+                length = bucket_length(self.buckets, max(max(len(v) for v in values), min_length))
+                arr = np.full((len(values), length) + first.shape[1:], pad_values[key], dtype=first.dtype)
+                for i, v in enumerate(values):
+                    arr[i, : len(v)] = v
+                out[key] = arr
+            else:
+                out[key] = np.stack([np.asarray(v) for v in values])
+        return out
+
+    def pack(self, rows: Sequence[dict], *, global_lengths: Sequence[int] | None = None) -> dict:
+        """Several examples per row: a batch of B sequence-level examples becomes R <= B rows of
+        token fields, each example a segment of a row with its own position ids and an attention
+        mask that keeps it to itself, so every example's outputs are those of its unpacked row
+        (IndoNLI at length 128: 20 rows of 128 instead of 32, 0.79 -> 0.19 padded tokens per real one).
+
+        The rows are cut into `packing_groups` contiguous groups of examples, each packed into its
+        own rows (one group per data-parallel shard and micro-batch: an example and its row are on
+        the same device). Token fields become [groups * rows_per_group, length] with `segment_ids`
+        (1, 2, ... per example in its row, 0 for padding) and `position_ids`; `cls_index`
+        [groups, B / groups] is each example's first token as an index into its group's rows
+        flattened; the other fields (label, weight, idx) stay one per example, in order.
+        `global_lengths`: the example lengths of the whole global batch when other processes hold
+        the rest of it; every process then uses the same row count and length."""
+        groups, pad_values = max(1, self.packing_groups), dict(self.pad_values)
+        per_group = len(rows) // groups
+        if per_group * groups != len(rows):
+            raise ValueError(f"{len(rows)} examples do not split into {groups} packing groups")
+        lengths = [len(r["input_ids"]) for r in rows]
+        capacity = bucket_length(self.buckets, max(lengths) if global_lengths is None else int(np.max(global_lengths)))
+        group_bins = [first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity) for g in range(groups)]
+        if global_lengths is None:
+            rows_per_group = _rounded_rows(max(len(bins) for bins in group_bins), per_group)
+        else:  # every other process's groups too
+            rows_per_group, _ = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
+                                             buckets=self.buckets)
+        out = {key: np.full((groups * rows_per_group, capacity), value, dtype=np.asarray(rows[0][key]).dtype)
+               for key, value in pad_values.items()}
+        segment_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
+        position_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
+        cls_index = np.zeros((groups, per_group), np.int32)
+        for g, bins in enumerate(group_bins):
+            if len(bins) > rows_per_group:
+                raise ValueError(f"packing group {g} needs {len(bins)} rows, more than the batch's {rows_per_group}")
+            for b, positions in enumerate(bins):
+                row, offset = g * rows_per_group + b, 0
+                for segment, position in enumerate(sorted(positions), 1):
+                    example = g * per_group + position
+                    n = lengths[example]
+                    for key in pad_values:
+                        out[key][row, offset:offset + n] = rows[example][key]
+                    segment_ids[row, offset:offset + n] = segment
+                    position_ids[row, offset:offset + n] = np.arange(n)
+                    cls_index[g, position] = b * capacity + offset
+                    offset += n
+        for key in rows[0]:
+            if key not in pad_values:
+                out[key] = np.stack([np.asarray(r[key]) for r in rows])
+        out.update(segment_ids=segment_ids, position_ids=position_ids, cls_index=cls_index)
+        return out
 
 
 def process_shard(n: int, process_index: int, process_count: int, *, drop_remainder: bool) -> range:
@@ -181,10 +209,6 @@ class EpochPermutations:
         return out
 
 
-def shuffled_index(positions, n: int, seed: int) -> np.ndarray:
-    return EpochPermutations(n, seed)(positions)
-
-
 class _ProcessBatch:
     """Global batch b of the shuffled stream -> this process's rows (contiguous slice), read
     with one batched call when the source has one, then encoded. With `lengths` (every
@@ -208,25 +232,30 @@ class _ProcessBatch:
         return rows, self.lengths[self.order(b * self.g + np.arange(self.g))]
 
 
-class _CollateToLength:
-    """(rows, global batch lengths) -> collate(rows, min_length=global longest), or for packing
-    collate(rows, global_lengths=...): every process pads (or packs) its rows of a global batch
-    to the same shape, with no communication."""
+class _TrainingBatch:
+    """rows -> batching.training(rows) (a grain map)."""
 
-    def __init__(self, collate):
-        self.collate = collate
+    def __init__(self, batching):
+        self.batching = batching
+
+    def __call__(self, rows):
+        return self.batching.training(rows)
+
+
+class _TrainingBatchToGlobalShape(_TrainingBatch):
+    """(rows, global batch lengths) -> the batch padded (or packed) to the global batch's shape:
+    every process shapes its rows of a global batch alike, with no communication."""
 
     def __call__(self, element):
         rows, lengths = element
-        if is_packing(self.collate):
-            return self.collate(rows, global_lengths=lengths)
-        return self.collate(rows, min_length=int(lengths.max()))
+        return self.batching.training(rows, global_lengths=lengths)
 
 
-def is_bucketing(collate) -> bool:
-    """Whether `collate` pads to length buckets (pad_batch with more than one bucket)."""
-    return (isinstance(collate, functools.partial) and collate.func is pad_batch
-            and len(collate.keywords.get("buckets", ())) > 1)
+class _RandomTrainingBatch(_TrainingBatch):
+    """(rows, generator) -> batching.training(rows, rng=...) (a grain random_map)."""
+
+    def __call__(self, rows, rng):
+        return self.batching.training(rows, rng=rng)
 
 
 def encoded_lengths(source, encode: Callable[[dict], dict], process_index: int, process_count: int) -> np.ndarray:
@@ -249,8 +278,8 @@ def encoded_lengths(source, encode: Callable[[dict], dict], process_index: int, 
     return lengths
 
 
-def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: int, seed: int, num_epochs: int,
-                  collate: Callable, process_index: int = 0, process_count: int = 1,
+def train_dataset(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, seed: int,
+                  num_epochs: int, process_index: int = 0, process_count: int = 1,
                   workers: int = 0, lengths: np.ndarray | None = None) -> grain.IterDataset:
     """Global batches do not depend on the number of processes or devices: the split is
     shuffled with `seed` (a new order each epoch) identically everywhere, cut into global
@@ -262,18 +291,18 @@ def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: i
     if len(source) < global_batch:
         raise ValueError(f"training split has {len(source)} examples, fewer than one global batch of {global_batch}")
     num_batches = len(source) * num_epochs // global_batch
-    if getattr(collate, "needs_rng", False):
-        lengths = None  # batch-level random collates (MLM) produce fixed shapes
+    if batching.random:
+        lengths = None  # batch-level random batchings (MLM) produce fixed shapes
     ds = grain.MapDataset.range(num_batches).map(
         _ProcessBatch(source, encode, global_batch, local_batch_size, process_index, seed, lengths))
     if lengths is not None:
-        ds = ds.map(_CollateToLength(collate))
-    elif getattr(collate, "needs_rng", False):
+        ds = ds.map(_TrainingBatchToGlobalShape(batching))
+    elif batching.random:
         # Batch-level randomness (MLM masking): a generator per global batch index, the same on
         # every process, so masks do not depend on the process count.
-        ds = ds.random_map(collate, seed=seed)
+        ds = ds.random_map(_RandomTrainingBatch(batching), seed=seed)
     else:
-        ds = ds.map(collate)
+        ds = ds.map(_TrainingBatch(batching))
     it = ds.to_iter_dataset()
     if workers > 0:
         # grain workers read absl flags: parse them when the program did not (argparse, pytest).
@@ -286,19 +315,16 @@ def train_dataset(source, encode: Callable[[dict], dict], *, local_batch_size: i
     return it
 
 
-def steps_per_epoch(n: int, global_batch_size: int) -> int:
-    return n // global_batch_size
-
-
-def eval_batches(source, encode: Callable[[dict], dict], *, local_batch_size: int,
-                 collate: Callable[[Sequence[dict]], dict], dummy: dict,
+def eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, dummy: dict,
                  process_index: int = 0, process_count: int = 1, lengths: np.ndarray | None = None) -> Iterator[dict]:
     """Every example once; rows carry `weight` 1, padding rows (copies of `dummy`) weight 0.
 
     Rows are batched in order of length (rows carry `idx`, so outputs map back to examples):
     each batch then pads only to its own longest row's bucket, not to a random long row's.
     `lengths` (encoded_lengths of the source, several processes): each process works out every
-    process's sorted rows from it and pads batch b to the longest row of all processes' batch b."""
+    process's sorted rows from it and pads batch b to the longest row of all processes' batch b.
+    A random batching (MLM) draws from a generator fixed per batch (its first example and this
+    process), so every evaluation of a run masks alike."""
     indices = process_shard(len(source), process_index, process_count, drop_remainder=False)
     per_process = -(-len(source) // process_count)
     num_batches = max(1, -(-per_process // local_batch_size))
@@ -316,7 +342,8 @@ def eval_batches(source, encode: Callable[[dict], dict], *, local_batch_size: in
             longest = np.maximum(longest, theirs.reshape(num_batches, local_batch_size).max(axis=1))
     for b in range(num_batches):
         batch = rows[b * local_batch_size:(b + 1) * local_batch_size]
-        yield collate(batch, min_length=int(longest[b])) if lengths is not None else collate(batch)
+        rng = np.random.default_rng((7919, int(batch[0]["idx"]), process_index)) if batching.random else None
+        yield batching.evaluation(batch, min_length=int(longest[b]), rng=rng)
 
 
 class Subset:

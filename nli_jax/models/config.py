@@ -10,6 +10,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from nli_jax.errors import ConfigError  # noqa: F401  (re-exported: nli_jax.models.ConfigError)
+
 MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta")
 
 # Hugging Face activation names -> ours. "gelu" is the exact erf form; "gelu_new" and
@@ -17,10 +19,6 @@ MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-class ConfigError(ValueError):
-    """A model configuration that cannot be built; the message names the offending key."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,32 +8,17 @@ from __future__ import annotations
 
 from flax import nnx
 
+from nli_jax.checkpoints.hf import CheckpointError
 from nli_jax.models.config import EncoderConfig
 from nli_jax.models.encoder import Encoder, first_tokens
 from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, SentenceHead, SequenceClassificationHead,
                                   TokenClassificationHead)
-
-
-class PretrainedModel(nnx.Module):
-    """Adds Hugging Face-style `from_pretrained` / `save_pretrained` to a task model."""
-
-    config: EncoderConfig
-
-    def head_arguments(self) -> dict:
-        """Constructor arguments beyond the config (num_labels, ...), saved with the model."""
-        return {}
-
-    @classmethod
-    def from_pretrained(cls, path: str, **kwargs):
-        from nli_jax.checkpoints import hf
-        return hf.from_pretrained(cls, path, **kwargs)
-
-    def save_pretrained(self, path: str, *, tokenizer=None, label_names=None) -> None:
-        from nli_jax.checkpoints import hf
-        hf.save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names)
+from nli_jax.models.pretrained import PretrainedModel
 
 
 class EncoderModel(PretrainedModel):
+    hf_base_model = True
+
     def __init__(self, config: EncoderConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
         self.config = config
         self.encoder = Encoder(config, add_pooler=add_pooler, rngs=rngs)
@@ -51,6 +36,13 @@ class ForMaskedLM(PretrainedModel):
 
     `masked_positions` [batch, predictions]: compute MLM logits only there.
     """
+
+    def hf_architecture(self, suffix: str | None = None) -> str:
+        if self.sentence is None:
+            return super().hf_architecture("ForMaskedLM")
+        if self.config.is_roberta:
+            raise CheckpointError("transformers has no RoBERTa/XLM-R class with a sentence head")
+        return super().hf_architecture("ForPreTraining")
 
     def __init__(self, config: EncoderConfig, *, sentence_head: bool = False, rngs: nnx.Rngs):
         self.config = config
@@ -71,6 +63,10 @@ class ForMaskedLM(PretrainedModel):
 
 
 class ForSequenceClassification(PretrainedModel):
+    hf_suffix = "ForSequenceClassification"
+    hf_id2label = True
+    hf_roberta_classifier = True
+
     def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
         self.config = config
         self.num_labels = num_labels
@@ -83,7 +79,7 @@ class ForSequenceClassification(PretrainedModel):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
                  packing=None):
-        """packing: several examples per row (nli_jax.data.pipeline.pack_batch); logits per example."""
+        """packing: several examples per row (nli_jax.data.pipeline.Batching.pack); logits per example."""
         hidden, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
                                       packing=packing)
         return self.classifier(first_tokens(hidden, packing), pooled, deterministic=deterministic)
@@ -91,6 +87,8 @@ class ForSequenceClassification(PretrainedModel):
 
 class ForTokenClassification(PretrainedModel):
     """Logits for every sub-word token; word-level alignment is the task's encoding's job."""
+    hf_suffix = "ForTokenClassification"
+    hf_id2label = True
 
     def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
         self.config = config
@@ -107,7 +105,11 @@ class ForTokenClassification(PretrainedModel):
 
 
 class ForMultiAspectClassification(PretrainedModel):
-    """[batch, aspects, labels] logits: one softmax per aspect (CASA, HoASA)."""
+    """[batch, aspects, labels] logits: one softmax per aspect (CASA, HoASA).
+
+    No transformers class has per-aspect heads: the encoder loads as the base model (BertModel)
+    and the aspect classifier travels as extra weights nli-jax reads back."""
+    hf_saved_head_arguments = ("num_aspects", "num_labels")
 
     def __init__(self, config: EncoderConfig, *, num_aspects: int, num_labels: int, rngs: nnx.Rngs):
         self.config = config

@@ -11,24 +11,25 @@ import os
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+from nli_jax.plan import ModelPlan
 
 # Families whose MLM and sentence heads transformers' *ForPreTraining classes name as ours do.
 CONTINUABLE_MODEL_TYPES = ("bert", "albert")
 
 
-def vocabulary_dir(config) -> str:
+def vocabulary_dir(model: ModelPlan) -> str:
     """The directory whose vocab.txt tokenises the corpus: model.tokenizer, else model.init's
     (the checkpoint's own tokenizer). Empty when neither is set."""
     from nli_jax.checkpoints.hf import resolve_directory
-    path = config.model.get("tokenizer") or config.model.get("init") or ""
+    path = model.tokenizer_path
     return resolve_directory(path) if path else ""
 
 
-def check_checkpoint(config, building_examples: bool) -> None:
+def check_checkpoint(model: ModelPlan, building_examples: bool) -> None:
     """Refuses, before examples are built or weights read, a model.init pretraining cannot
     continue: a model_type other than BERT/ALBERT, or (when the examples are built from the
     corpus here) a tokenizer without the WordPiece vocab.txt the example builder reads."""
-    init = config.model.get("init") or ""
+    init = model.init
     if not init:
         return
     from nli_jax.checkpoints.hf import CONFIG_NAME, read_config, resolve_directory
@@ -39,10 +40,10 @@ def check_checkpoint(config, building_examples: bool) -> None:
                        f"{model_type!r}; pretraining continues only {' or '.join(CONTINUABLE_MODEL_TYPES)} checkpoints "
                        "(MLM with an NSP/SOP head, exported as *ForPreTraining)")
     if building_examples:
-        vocab_dir = vocabulary_dir(config)
+        vocab_dir = vocabulary_dir(model)
         if not os.path.isfile(os.path.join(vocab_dir, "vocab.txt")):
-            key = "tokenizer" if config.model.get("tokenizer") else "init"
+            key = "tokenizer" if model.tokenizer else "init"
             found = sorted(os.listdir(vocab_dir)) if os.path.isdir(vocab_dir) else []
-            raise RunError(f"--config.model.{key}={config.model.get(key)!r}: {storage.origin(vocab_dir)} has no vocab.txt (found "
+            raise RunError(f"--config.model.{key}={getattr(model, key)!r}: {storage.origin(vocab_dir)} has no vocab.txt (found "
                            f"{found or 'nothing'}): the corpus is tokenised into examples with a WordPiece vocab.txt, "
                            "as BERT and IndoBERT checkpoints ship it; SentencePiece-only tokenizers are not supported")

@@ -152,3 +152,25 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
     if return_spans:
         out["accepted_ngrams"] = np.stack(accepted_ngrams) if accepted_ngrams else np.zeros((0, B), np.int64)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedBatching:
+    """Segment pairs -> masked-LM batches: the pretraining task's batching (the members of
+    nli_jax.data.pipeline.Batching). Training batches draw their random numbers for the global
+    batch (`global_rows`) and keep this process's rows (`row_offset`); evaluation batches are
+    masked on their own rows."""
+    config: MaskingConfig
+    is_continuation: np.ndarray = dataclasses.field(compare=False)
+    row_offset: int
+    global_rows: int
+    random = True
+    bucketed = False  # one fixed shape
+    needs_global_lengths = False
+
+    def training(self, rows, *, global_lengths=None, rng=None) -> dict:
+        return mask_batch(rows, rng, self.config, self.is_continuation, row_offset=self.row_offset,
+                          global_rows=self.global_rows)
+
+    def evaluation(self, rows, *, min_length: int = 0, rng=None) -> dict:
+        return mask_batch(rows, rng, self.config, self.is_continuation)

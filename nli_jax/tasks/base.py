@@ -1,6 +1,8 @@
-"""The task registry. A task = its data (splits), encoding, model head, loss, predictions
-and report. The training loop knows nothing else about a task; adding one is one module that
-subclasses `Task` and calls `register`.
+"""A task = its data (splits), encoding, batching, model head, loss, predictions and report.
+The training loop knows nothing else about a task. Adding one is one module that subclasses
+`Task` and registers a factory that picks the plan sections it needs (docs/extending.md):
+
+    register("mytask")(lambda plan: MyTask(plan.data))
 """
 from __future__ import annotations
 
@@ -9,7 +11,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-TASKS: dict[str, Callable[[], "Task"]] = {}
+from nli_jax.data.pipeline import Batching
+from nli_jax.plan import BatchPlan, DataPlan
+
+# name -> factory(RunPlan) -> Task. The built-in tasks register when nli_jax.tasks is imported.
+TASKS: dict[str, Callable[[Any], "Task"]] = {}
 
 
 def register(name: str):
@@ -19,13 +25,6 @@ def register(name: str):
         TASKS[name] = factory
         return factory
     return wrap
-
-
-def get_task(name: str) -> "Task":
-    import nli_jax.tasks  # noqa: F401  (registers the built-in tasks)
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
-    return TASKS[name]()
 
 
 def pair_min_length(tokenizer) -> tuple[int, str]:
@@ -42,49 +41,54 @@ class Task(abc.ABC):
     train_split: str = "train"
     validation_split: str = "validation"
     # Whether training batches may put several examples in one row (data.packing,
-    # pipeline.pack_batch): tasks with one prediction per example from its first token.
+    # Batching.pack): tasks with one prediction per example from its first token.
     packs_examples: bool = False
 
+    def __init__(self, data: DataPlan):
+        self.data = data
+
     @abc.abstractmethod
-    def load(self, config, workdir: str | None = None) -> dict[str, Any]:
+    def load(self, workdir: str | None = None) -> dict[str, Any]:
         """{split: random-access source of examples}, validated (errors name file and line).
         `workdir`: the run's directory, for tasks that derive data there (pretraining examples)."""
 
     @abc.abstractmethod
-    def model_class_and_kwargs(self, config) -> tuple[type, dict]:
+    def model_class_and_kwargs(self) -> tuple[type, dict]:
         """(model class, constructor arguments beyond the encoder config), e.g. num_labels."""
 
     @abc.abstractmethod
-    def encoder(self, config, tokenizer) -> Callable[[dict], dict]:
+    def encoder(self, tokenizer) -> Callable[[dict], dict]:
         """example -> dict of numpy features (unpadded token fields)."""
 
-    def possible_splits(self, config) -> set[str] | None:
+    def possible_splits(self) -> set[str] | None:
         """Every split name the task's data can have (held-out ones included), to refuse a
         mistyped `eval_splits` entry; None when the task cannot tell."""
         return None
 
-    def min_seq_length(self, config, tokenizer) -> tuple[int, str]:
+    def min_seq_length(self, tokenizer) -> tuple[int, str]:
         """(tokens one example needs at the least, what they are): the special tokens of a
         pair plus one token of each text, unless the task says otherwise."""
         return pair_min_length(tokenizer)
 
-    def input_files(self, config, workdir: str | None = None) -> list[str]:
+    def input_files(self, workdir: str | None = None) -> list[str]:
         """Input files the task reads other than through nli_jax.data.readers (which report
         theirs themselves), for the workdir's fingerprint of its inputs."""
         return []
 
-    def read_file(self, config, path: str, *, labelled: bool = True) -> list[dict]:
+    def read_file(self, path: str, *, labelled: bool = True) -> list[dict]:
         """Examples of one file in the task's own format, for evaluate (labelled) and predict
         (labelled=False: gold fields may be absent; labels None / -1)."""
         raise NotImplementedError(f"task {self.name!r} does not read single files (evaluate/predict)")
 
-    def collate(self, config, tokenizer):
-        """None: the loop pads rows to length buckets (pipeline.pad_batch). A task may return
-        fn(rows, rng) -> batch with fn.needs_rng = True for batch-level random work."""
-        return None
-
     def pad_values(self, tokenizer) -> dict[str, int]:
         return {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": 0}
+
+    def batching(self, tokenizer, batch: BatchPlan):
+        """How rows become batches: padded to the plan's length buckets, and packed for training
+        when the plan packs this task. A task with batch-level random work (MLM masking) returns
+        its own object with the same members."""
+        return Batching(buckets=batch.buckets, pad_values=tuple(self.pad_values(tokenizer).items()),
+                        packing_groups=batch.packing_groups if self.packs_examples else 0)
 
     @abc.abstractmethod
     def loss(self, model, batch, deterministic: bool):

@@ -27,7 +27,7 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
 
 
 def sequence_logits(model, batch, deterministic: bool):
-    """Per-example logits of a padded batch, or of a packed one (pipeline.pack_batch: its
+    """Per-example logits of a padded batch, or of a packed one (pipeline.Batching.pack: its
     segment_ids, position_ids and cls_index go to the model as `packing`)."""
     packing = ({k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")}
                if "segment_ids" in batch else None)
@@ -48,7 +48,7 @@ class ClassificationTask(Task):
     labels: tuple[str, ...] = ()
     packs_examples = True
 
-    def model_class_and_kwargs(self, config):
+    def model_class_and_kwargs(self):
         return ForSequenceClassification, {"num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
@@ -79,7 +79,7 @@ class MultiAspectTask(Task):
     labels: tuple[str, ...] = ()
     packs_examples = True
 
-    def model_class_and_kwargs(self, config):
+    def model_class_and_kwargs(self):
         return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
 
     def loss(self, model, batch, deterministic):
@@ -105,17 +105,14 @@ class TaggingTask(Task):
     labels: tuple[str, ...] = ()
     question_field: str | None = None  # FacQA: the question is the first segment, labels on the passage
 
-    def model_class_and_kwargs(self, config):
+    def model_class_and_kwargs(self):
         return ForTokenClassification, {"num_labels": len(self.labels)}
 
     def pad_values(self, tokenizer):
         return {**super().pad_values(tokenizer), "word_index": -1, "word_labels": 0, "word_mask": 0}
 
-    def encoder(self, config, tokenizer):
-        max_length = int(config.data.max_seq_length)
-        alignment = config.data.get("word_alignment", "average")
-        if alignment not in ("first", "average"):
-            raise ValueError(f"data.word_alignment must be 'first' or 'average', got {alignment!r}")
+    def encoder(self, tokenizer):
+        max_length, alignment = self.data.max_seq_length, self.data.word_alignment
         label_ids = {name: i for i, name in enumerate(self.labels)}
 
         def encode(example):

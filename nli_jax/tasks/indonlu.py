@@ -5,47 +5,44 @@ BaPOS, TermA, KEPS, NERGrit, NERP and FacQA."""
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 
 from nli_jax.data import indonlu as data
 from nli_jax.metrics import conll_scores, precision_recall_f1
+from nli_jax.plan import DataPlan
 from nli_jax.tasks.base import pair_min_length, register, single_min_length
 from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingTask, encode_text
-
-CLASSIFICATION = ("emot", "smsa", "casa", "hoasa", "wrete")
-SEQUENCE_LABELLING = ("posp", "bapos", "terma", "keps", "nergrit", "nerp", "facqa")
 
 
 class _IndoNLUData:
     primary_metric = "f1"
     spec: data.IndoNLUTask
+    data: DataPlan
 
-    def load(self, config, workdir=None):
-        tfds_dir = os.path.expanduser(config.data.get("tfds_dir") or "~/tensorflow_datasets/nli_jax")
-        splits, vocabulary = data.prepare(self.spec.name, config.data.get("source") or None, tfds_dir)
+    def __init__(self, name: str, data_plan: DataPlan):
+        self.name, self.spec, self.data = name, data.TASKS[name], data_plan
+
+    def load(self, workdir=None):
+        splits, vocabulary = data.prepare(self.spec.name, self.data.source or None, self.data.tfds_dir)
         self.labels = tuple(vocabulary)
         return splits
 
-    def read_file(self, config, path, *, labelled=True):
+    def read_file(self, path, *, labelled=True):
         return data.read_file(self.spec, path, labelled=labelled)
 
-    def possible_splits(self, config):
+    def possible_splits(self):
         return set(data.SPLIT_PREFIX)
 
-    def min_seq_length(self, config, tokenizer):
+    def min_seq_length(self, tokenizer):
         if self.spec.kind in ("pair", "qa"):
             return pair_min_length(tokenizer)
         return single_min_length(tokenizer)
 
 
 class SentenceTask(_IndoNLUData, ClassificationTask):
-    def __init__(self, name):
-        self.name, self.spec = name, data.TASKS[name]
-
-    def encoder(self, config, tokenizer):
-        max_length, ids = int(config.data.max_seq_length), {n: i for i, n in enumerate(self.labels)}
+    def encoder(self, tokenizer):
+        max_length, ids = self.data.max_seq_length, {n: i for i, n in enumerate(self.labels)}
         pair = self.spec.kind == "pair"
 
         def encode(example):
@@ -69,12 +66,12 @@ class SentenceTask(_IndoNLUData, ClassificationTask):
 
 
 class AspectTask(_IndoNLUData, MultiAspectTask):
-    def __init__(self, name):
-        self.name, self.spec = name, data.TASKS[name]
+    def __init__(self, name: str, data_plan: DataPlan):
+        super().__init__(name, data_plan)
         self.aspects = self.spec.aspects
 
-    def encoder(self, config, tokenizer):
-        max_length, ids = int(config.data.max_seq_length), {n: i for i, n in enumerate(self.labels)}
+    def encoder(self, tokenizer):
+        max_length, ids = self.data.max_seq_length, {n: i for i, n in enumerate(self.labels)}
 
         def encode(example):
             return {**encode_text(tokenizer, example["text"], None, max_length),
@@ -100,8 +97,8 @@ class AspectTask(_IndoNLUData, MultiAspectTask):
 
 
 class WordTask(_IndoNLUData, TaggingTask):
-    def __init__(self, name):
-        self.name, self.spec = name, data.TASKS[name]
+    def __init__(self, name: str, data_plan: DataPlan):
+        super().__init__(name, data_plan)
         self.question_field = "question" if self.spec.kind == "qa" else None
 
     def report(self, split, examples, predictions):
@@ -111,9 +108,6 @@ class WordTask(_IndoNLUData, TaggingTask):
         return {**conll_scores(gold, pred), "count": len(examples)}
 
 
-for _name in ("emot", "smsa", "wrete"):
-    register(_name)(lambda n=_name: SentenceTask(n))
-for _name in ("casa", "hoasa"):
-    register(_name)(lambda n=_name: AspectTask(n))
-for _name in SEQUENCE_LABELLING:
-    register(_name)(lambda n=_name: WordTask(n))
+_CLASSES = {"single": SentenceTask, "pair": SentenceTask, "aspects": AspectTask, "tagging": WordTask, "qa": WordTask}
+for _name, _spec in data.TASKS.items():
+    register(_name)(lambda plan, n=_name, cls=_CLASSES[_spec.kind]: cls(n, plan.data))

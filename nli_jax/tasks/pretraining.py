@@ -17,36 +17,18 @@ import numpy as np
 
 from nli_jax import storage
 from nli_jax.data.pipeline import Subset
-from nli_jax.losses import masked_lm_loss, weighted_accuracy, weighted_cross_entropy
+from nli_jax.errors import RunError
+from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM
+from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, create_examples
-from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
-from nli_jax.errors import RunError
+from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, continuation_table
 from nli_jax.tasks.base import Task, register
+from nli_jax.workdir import has_trained_state
 
 
 log = logging.getLogger("nli_jax")
-
-
-def _stale_settings(directory: str, config, corpus_files: list[str]) -> list[str]:
-    """Settings that differ between examples built in the workdir and the config ([] if none,
-    or no examples yet). Keys an older examples.json lacks are not compared."""
-    meta_path = os.path.join(directory, "examples.json")
-    if not storage.isfile(meta_path):
-        return []
-    try:
-        meta = json.loads(storage.read_text(meta_path))
-    except ValueError:
-        return ["examples.json unreadable"]
-    p = config.pretrain
-    tokenizer = vocabulary_dir(config)
-    expected = {"max_seq_length": int(config.data.max_seq_length), "short_seq_prob": float(p.short_seq_prob),
-                "sentence_task": p.sentence_task, "dupe_factor": int(p.dupe_factor), "seed": int(p.data_seed),
-                "heldout_permille": int(p.heldout_permille),
-                "vocab_dir": storage.origin(tokenizer) if tokenizer else None,
-                "corpus": [storage.origin(f) for f in corpus_files]}
-    return [f"{k}: {meta[k]!r} -> {v!r}" for k, v in expected.items() if k in meta and meta[k] != v]
 
 
 def _corpus_files(patterns) -> list[str]:
@@ -59,21 +41,41 @@ class Pretraining(Task):
     primary_metric = "mlm_accuracy"
     validation_split = "heldout"
 
-    def __init__(self):
+    def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan):
+        super().__init__(data)
+        self.pretrain, self.model = pretrain, model
         self.examples_dir = None
 
-    def load(self, config, workdir=None):
-        p = config.pretrain
-        directory = p.get("examples_dir") or ""
-        check_checkpoint(config, building_examples=not directory)
+    def stale_settings(self, directory: str, corpus_files: list[str]) -> list[str]:
+        """Settings that differ between examples built in the workdir and this run's ([] if none,
+        or no examples yet). Keys an older examples.json lacks are not compared."""
+        meta_path = os.path.join(directory, "examples.json")
+        if not storage.isfile(meta_path):
+            return []
+        try:
+            meta = json.loads(storage.read_text(meta_path))
+        except ValueError:
+            return ["examples.json unreadable"]
+        p = self.pretrain
+        tokenizer = vocabulary_dir(self.model)
+        expected = {"max_seq_length": self.data.max_seq_length, "short_seq_prob": p.short_seq_prob,
+                    "sentence_task": p.sentence_task, "dupe_factor": p.dupe_factor, "seed": p.data_seed,
+                    "heldout_permille": p.heldout_permille,
+                    "vocab_dir": storage.origin(tokenizer) if tokenizer else None,
+                    "corpus": [storage.origin(f) for f in corpus_files]}
+        return [f"{k}: {meta[k]!r} -> {v!r}" for k, v in expected.items() if k in meta and meta[k] != v]
+
+    def load(self, workdir=None):
+        p = self.pretrain
+        directory = p.examples_dir
+        check_checkpoint(self.model, building_examples=not directory)
         if not directory:
             if not workdir:
                 raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
             directory = os.path.join(workdir, "examples")
             files = _corpus_files(p.corpus)
-            stale = _stale_settings(directory, config, files)
+            stale = self.stale_settings(directory, files)
             if stale:
-                from nli_jax.train.checkpointing import has_trained_state
                 if has_trained_state(workdir):
                     raise RunError(f"{directory} was built with other settings ({'; '.join(stale)}) and this "
                                      f"workdir has trained on them: use a new --workdir")
@@ -90,66 +92,58 @@ class Pretraining(Task):
                 if not files:
                     raise FileNotFoundError(f"pretrain.corpus matches no files: {list(p.corpus)}")
                 if jax.process_index() == 0:
-                    create_examples(files, vocabulary_dir(config), directory, max_seq_length=int(config.data.max_seq_length),
-                                    short_seq_prob=float(p.short_seq_prob), sentence_task=p.sentence_task,
-                                    dupe_factor=int(p.dupe_factor), seed=int(p.data_seed), workers=int(p.workers),
-                                    heldout_permille=int(p.heldout_permille), progress=False)
+                    create_examples(files, vocabulary_dir(self.model), directory, max_seq_length=self.data.max_seq_length,
+                                    short_seq_prob=p.short_seq_prob, sentence_task=p.sentence_task,
+                                    dupe_factor=p.dupe_factor, seed=p.data_seed, workers=p.workers,
+                                    heldout_permille=p.heldout_permille, progress=False)
                 if jax.process_count() > 1:
                     from jax.experimental import multihost_utils
                     multihost_utils.sync_global_devices("nli_jax pretraining examples")
         self.examples_dir = directory
         train = ExampleSource(directory, "train")
         meta = train.meta
-        if meta["max_seq_length"] != int(config.data.max_seq_length):
+        if meta["max_seq_length"] != self.data.max_seq_length:
             raise RunError(f"{directory} holds examples of length {meta['max_seq_length']} but data.max_seq_length "
-                             f"is {config.data.max_seq_length}: build the phase's examples with that length")
+                             f"is {self.data.max_seq_length}: build the phase's examples with that length")
         if meta["sentence_task"] != p.sentence_task:
             raise RunError(f"{directory} was built with sentence_task {meta['sentence_task']!r}, config says "
                              f"{p.sentence_task!r}")
         heldout = ExampleSource(directory, "heldout")
-        limit = min(len(heldout), int(p.heldout_examples))
+        limit = min(len(heldout), p.heldout_examples)
         return {"train": train, "heldout": Subset(heldout, range(limit))}
 
-    def possible_splits(self, config):
+    def possible_splits(self):
         return {"train", "heldout"}
 
-    def input_files(self, config, workdir=None):
+    def input_files(self, workdir=None):
         """The prepared corpus when the examples are built in the workdir, else the prebuilt
         examples' files."""
-        p = config.pretrain
-        if p.get("examples_dir"):
+        p = self.pretrain
+        if p.examples_dir:
             directory = p.examples_dir
             return [os.path.join(directory, f) for f in storage.listdir(directory)
                     if storage.isfile(os.path.join(directory, f))]
         return _corpus_files(p.corpus)
 
-    def model_class_and_kwargs(self, config):
-        return ForMaskedLM, {"sentence_head": config.pretrain.sentence_task != "none"}
+    def model_class_and_kwargs(self):
+        return ForMaskedLM, {"sentence_head": self.pretrain.sentence_task != "none"}
 
-    def encoder(self, config, tokenizer):
+    def encoder(self, tokenizer):
         def encode(example):  # records are decoded by ExampleSource; masking happens per batch
             return dict(example, weight=np.float32(1.0))
         return encode
 
-    def collate(self, config, tokenizer):
-        p = config.pretrain
+    def batching(self, tokenizer, batch: BatchPlan) -> MaskedBatching:
+        p = self.pretrain
         vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
         cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
-        cfg = MaskingConfig(max_seq_length=int(config.data.max_seq_length), max_predictions=int(p.max_predictions),
-                            mask_prob=float(p.mask_prob), whole_word=bool(p.whole_word), max_ngram=int(p.max_ngram),
+        cfg = MaskingConfig(max_seq_length=self.data.max_seq_length, max_predictions=p.max_predictions,
+                            mask_prob=p.mask_prob, whole_word=p.whole_word, max_ngram=p.max_ngram,
                             vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id, pad_id=pad_id,
-                            random_token_low=int(p.get("random_token_low", 0)))
-        table = continuation_table(vocab)
+                            random_token_low=p.random_token_low)
         # This process's rows of each global batch (random draws are made for the global batch).
-        local = int(config.train.batch_size) // jax.process_count()
-        offset, global_rows = jax.process_index() * local, local * jax.process_count()
-
-        def collate(rows, rng):
-            if len(rows) != local:  # evaluation batches
-                return mask_batch(rows, rng, cfg, table)
-            return mask_batch(rows, rng, cfg, table, row_offset=offset, global_rows=global_rows)
-        collate.needs_rng = True
-        return collate
+        return MaskedBatching(cfg, continuation_table(vocab), row_offset=batch.process_index * batch.local_batch,
+                              global_rows=batch.local_batch * batch.processes)
 
     def _outputs(self, model, batch, deterministic):
         return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
@@ -162,7 +156,7 @@ class Pretraining(Task):
     def loss(self, model, batch, deterministic):
         out = self._outputs(model, batch, deterministic)
         weights = batch["masked_weights"] * batch["weight"][:, None]
-        mlm_sum, mlm_w = masked_lm_loss(out["mlm_logits"], batch["masked_ids"], weights)
+        mlm_sum, mlm_w = weighted_cross_entropy(out["mlm_logits"], batch["masked_ids"], weights)
         mlm_correct, _ = weighted_accuracy(out["mlm_logits"], batch["masked_ids"], weights)
         examples = jnp.sum(batch["weight"])
         # BERT's objective: mean MLM loss over the global batch's masked tokens + mean sentence
@@ -200,4 +194,4 @@ class Pretraining(Task):
         return []  # per-example pretraining predictions are not useful to write
 
 
-register("pretraining")(Pretraining)
+register("pretraining")(lambda plan: Pretraining(plan.data, plan.pretrain, plan.model))

@@ -1,4 +1,1 @@
-"""The training loop shared by pretraining and fine-tuning."""
-from nli_jax.train.loop import train_and_evaluate
-
-__all__ = ["train_and_evaluate"]
+"""The training loop shared by pretraining and fine-tuning (nli_jax.train.loop.train_and_evaluate) and what it is made of."""

@@ -11,7 +11,6 @@ step) is a no-op.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -22,18 +21,14 @@ import orbax.checkpoint as ocp
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+from nli_jax.workdir import UNREADABLE_DIR
 
 log = logging.getLogger("nli_jax")
 
-UNREADABLE_DIR = "checkpoints_unreadable"
 
 
 class CheckpointUnreadableError(RunError):
     """No intact checkpoint to resume from, or unreadable best parameters; names the directory."""
-
-
-class WorkdirConfigError(RunError):
-    """The workdir holds a run of another config (or an unreadable config.json); names the keys."""
 
 
 def _short(error: BaseException) -> str:
@@ -79,9 +74,6 @@ class Checkpointer:
             return info
         finally:
             best.close()
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
 
     def save(self, step: int, state, data_iterator, loop: dict, *, force: bool = False) -> bool:
         """Saves `step` unless it is saved (or being saved) already: a SIGTERM that arrives on
@@ -183,9 +175,6 @@ class Checkpointer:
             if step != keep_step:
                 self.best.delete(step)
 
-    def best_step(self) -> int | None:
-        return self.best.latest_step()
-
     def restore_best(self, abstract_params, step: int | None = None, abstract_state=None):
         """(params, info) of `step` (default: the latest best), or (None, None) when none was saved.
 
@@ -226,6 +215,10 @@ class Checkpointer:
             f"the best parameters in {path} are unreadable ({_short(error)}) and no checkpoint of step {step} is "
             "left to take them from: start over in a new --workdir (nothing was changed)") from error
 
+    def reached_preemption(self, step: int) -> bool:
+        """Whether JAX's preemption service agreed on `step` to checkpoint at (several processes)."""
+        return self.manager.reached_preemption(step)
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
@@ -240,73 +233,8 @@ def abstract_like(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-CONFIG_FILE = "config.json"
-# Keys that may change between a run and its resumption without changing what is computed.
-RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "report.")
-
-
-def read_workdir_config(workdir: str) -> dict | None:
-    """The config.json of a workdir, or None; an unreadable one is an error naming it."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    try:
-        return storage.read_json_object(path)
-    except ValueError as e:  # UnicodeDecodeError included
-        raise WorkdirConfigError(f"{path} is unreadable ({_short(e)}): it is not a config nli-jax wrote. Use a new "
-                                 f"--workdir, or delete the old one to start over") from None
-
-
-def check_workdir_config(workdir: str, config_dict: dict, *, write: bool = True) -> None:
-    """Refuses to resume or overwrite a workdir written by a different config, naming the keys.
-    With `write`, a new workdir's config.json is written (the training loop writes it itself,
-    with `write_workdir_config`, only once every check before compute has passed)."""
-    previous = read_workdir_config(workdir)
-    if previous is not None:
-        flat, previous = _flatten(config_dict), _flatten(previous)
-        differing = sorted(k for k in set(flat) | set(previous)
-                           if flat.get(k) != previous.get(k) and not k.startswith(RESUMABLE_CHANGES))
-        if differing:
-            details = "; ".join(f"{k}: {previous.get(k)!r} -> {flat.get(k)!r}" for k in differing[:20])
-            raise WorkdirConfigError(f"workdir {workdir} holds a run with a different config ({details}). "
-                                     "Use a new --workdir, or delete the old one to start over.")
-        return
-    if write:
-        write_workdir_config(workdir, config_dict)
-
-
-def write_workdir_config(workdir: str, config_dict: dict) -> None:
-    """config.json, written atomically by process 0 (kept when present: resumable keys may differ)."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if jax.process_index() != 0 or storage.isfile(path):
-        return
-    write_json_atomic(path, config_dict)
-
-
-def write_json_atomic(path: str, obj) -> None:
-    storage.write_text(path, json.dumps(obj, indent=2, sort_keys=True))
-
-
 def _check_loop(loop) -> None:
     """The loop bookkeeping restored with a checkpoint must be the dict the loop saved."""
     keys = ("best_metric", "best_step", "evals_without_improvement", "stopped_early", "history")
     if not isinstance(loop, dict) or any(k not in loop for k in keys):
         raise ValueError(f"loop metadata is not the loop's bookkeeping: {str(loop)[:120]}")
-
-
-def has_trained_state(workdir: str) -> bool:
-    """Whether any step was trained in `workdir` (a checkpoint, best parameters or results)."""
-    for sub in ("checkpoints", "best", UNREADABLE_DIR):
-        d = os.path.join(workdir, sub)
-        if any(p.split(".")[0].isdigit() for p in storage.listdir(d)):
-            return True
-    return storage.isfile(os.path.join(workdir, "results.json"))
-
-
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = json.loads(json.dumps(v))  # tuples -> lists, as stored
-    return out

@@ -1,5 +1,6 @@
-"""The command line shared by finetune.main and pretrain.main (absl flags + ml_collections), and
-the error handling of every nli-jax command (`run`):
+"""The command line shared by finetune.main and pretrain.main (absl flags + ml_collections), the
+tools' flags (finetune.evaluate / predict / export: `--override`, the multi-host flags), and the
+error handling of every nli-jax command (`run`):
 
 - a mistyped config key (`--config.train.batchsize=8`) is one line naming the key and the
   closest valid keys, before anything is loaded;
@@ -23,8 +24,7 @@ def user_errors() -> tuple[type, ...]:
     """Exceptions that are input problems with a complete message (printed as one line)."""
     from nli_jax.checkpoints.hf import CheckpointError
     from nli_jax.data.readers import DataError
-    from nli_jax.errors import RunError
-    from nli_jax.models.config import ConfigError
+    from nli_jax.errors import ConfigError, RunError
     return DataError, ConfigError, CheckpointError, RunError, FileNotFoundError
 
 
@@ -85,7 +85,7 @@ def _is_config_flag(flag) -> bool:
 def _config_key_problem(argv) -> str | None:
     """'unknown config key ...; did you mean ...' for the first --<config>.<key> override that
     names no field of its config file, or None."""
-    from nli_jax.train.validation import close_keys, flat_keys
+    from nli_jax.train.planner import close_keys, config_keys, has_key
     for arg in argv[1:]:
         match = re.match(r"^--?(no)?(\w+)\.([^=]+)(=.*)?$", arg)
         if not match or match.group(2) not in FLAGS or not _is_config_flag(FLAGS[match.group(2)]):
@@ -98,29 +98,43 @@ def _config_key_problem(argv) -> str | None:
             config = FLAGS[name].parser.parse(value)
         except Exception as e:
             return f"--{name}={value}: the config cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})"
-        node, parts = config, key.split(".")
-        for depth, part in enumerate(parts):
-            if hasattr(node, "keys") and part in node:
-                node = node[part]
-                continue
-            keys = flat_keys(config)
-            suggestions = close_keys(key, keys)
-            parent = ".".join(parts[:depth])
-            hint = (f"did you mean {' or '.join(suggestions)}?" if suggestions else
-                    f"the keys under {parent or 'the config'} are: "
-                    f"{', '.join(sorted(k for k in keys if k.startswith(parent)))[:400]}")
-            return f"unknown config key {key!r} ({arg}); {hint}"
+        depth = has_key(config, key)
+        if depth is True:
+            continue
+        keys = config_keys(config)
+        suggestions = close_keys(key, keys)
+        parent = ".".join(key.split(".")[:depth])
+        hint = (f"did you mean {' or '.join(suggestions)}?" if suggestions else
+                f"the keys under {parent or 'the config'} are: "
+                f"{', '.join(sorted(k for k in keys if k.startswith(parent)))[:400]}")
+        return f"unknown config key {key!r} ({arg}); {hint}"
     return None
+
+
+def define_multihost_flags() -> None:
+    """--multihost, or --coordinator_address/--num_processes/--process_id off TPU: every command
+    that runs collectives (training, evaluate, predict, export) takes these."""
+    flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first (TPU pods detect the rest).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
+    flags.DEFINE_integer("num_processes", None, "Number of processes, for multi-process runs off TPU.")
+    flags.DEFINE_integer("process_id", None, "This process's index, for multi-process runs off TPU.")
 
 
 def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:variant]).", lock_config=True)
     flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs, results.json.")
-    flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first (TPU pods detect the rest).")
-    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs off TPU.")
-    flags.DEFINE_integer("num_processes", None, "Number of processes, for multi-process runs off TPU.")
-    flags.DEFINE_integer("process_id", None, "This process's index, for multi-process runs off TPU.")
+    define_multihost_flags()
     flags.mark_flags_as_required(["config", "workdir"])
+
+
+def define_tool_flags(checkpoint_help: str) -> None:
+    """finetune.evaluate / predict / export: --config (default: the run's config.json),
+    --checkpoint, --override and the multi-host flags."""
+    config_flags.DEFINE_config_file("config", None, "config file (path[:variant]); default: the run's config.json",
+                                    lock_config=True)
+    flags.DEFINE_string("checkpoint", None, checkpoint_help)
+    flags.DEFINE_multi_string("override", [], "config assignment key=value, e.g. data.source=/data/indonli")
+    define_multihost_flags()
 
 
 def main(argv) -> None:
@@ -130,57 +144,47 @@ def main(argv) -> None:
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     init_distributed()
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
-def override(config, assignment: str) -> None:
-    """'a.b.c=value' (a Python literal, else a string) into a ConfigDict; unknown keys are refused."""
+def apply_overrides(config, assignments) -> None:
+    """'a.b.c=value' assignments (a Python literal, else a string) into a ConfigDict, through
+    ml_collections' update_from_flattened_dict; a key that names no field is refused with the
+    closest ones (update_from_flattened_dict would add it)."""
     import ast
-    key, sep, raw = assignment.partition("=")
-    if not sep:
-        raise app.UsageError(f"--override {assignment!r}: expected key=value")
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = raw
-    *parents, leaf = key.split(".")
-    node = config
-    for depth, part in enumerate(parents + [leaf]):
-        if not hasattr(node, "keys") or part not in node:
-            from nli_jax.train.validation import close_keys, flat_keys
-            suggestions = close_keys(key, flat_keys(config))
+
+    from nli_jax.train.planner import close_keys, config_keys, has_key
+    updates = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep:
+            raise app.UsageError(f"--override {assignment!r}: expected key=value")
+        if has_key(config, key) is not True:
+            suggestions = close_keys(key, config_keys(config))
             raise app.UsageError(f"--override {assignment!r}: no config field {key!r}"
                                  + (f"; did you mean {' or '.join(suggestions)}?" if suggestions else ""))
-        if depth < len(parents):
-            node = node[part]
-    with config.unlocked():
-        node[leaf] = tuple(value) if isinstance(value, list) else value
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        updates[key] = tuple(value) if isinstance(value, list) else value
+    config.update_from_flattened_dict(updates)
 
 
 def checkpoint_config(config, checkpoint: str, overrides=()):
     """The config to evaluate or predict with: --config when given, else the config.json of the
-    run in `checkpoint`; then --override key=value assignments."""
-    import ml_collections
+    run in `checkpoint` (keys an older nli-jax did not write take the config files' defaults);
+    then --override key=value assignments."""
     if config is None:
-        from nli_jax.train.checkpointing import read_workdir_config
-        saved = read_workdir_config(checkpoint)
-        if saved is None:
+        from nli_jax.train.planner import saved_config
+        config = saved_config(checkpoint)
+        if config is None:
             raise app.UsageError(f"--config is required: {checkpoint} is not a run directory with config.json")
-        config = ml_collections.ConfigDict(_tuples(saved))
     else:
         config = config.copy_and_resolve_references()
-    for assignment in overrides:
-        override(config, assignment)
+    apply_overrides(config, overrides)
     return config
-
-
-def _tuples(node):
-    if isinstance(node, dict):
-        return {k: _tuples(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return tuple(_tuples(v) for v in node)
-    return node
 
 
 def parse_files(assignments) -> dict[str, str]:

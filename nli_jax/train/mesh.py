@@ -1,7 +1,8 @@
 """Device mesh and the rules that map logical axis names to mesh axes.
 
-Parameters carry logical names (vocab, embed, heads, kv, mlp, ...). A config's rules decide
-the parallelism without touching model code, MaxText-style:
+Parameters carry logical names (vocab, embed, heads, kv, mlp, ...). A config's rules
+(`config.mesh.rules`, defined in configs/finetune_common.py) decide the parallelism without
+touching model code, MaxText-style:
 
     data parallel      mesh {data: -1}                (default)
     FSDP               mesh {data: 1, fsdp: -1}       (embed -> fsdp shards the weights)
@@ -20,18 +21,40 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("hidden", None),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("position", None),
-    ("token_type", None),
-    ("labels", None),
-)
+
+def resolve_shape(shape, devices: int) -> dict[str, int]:
+    """{axis: size} for every axis of MESH_AXES, the one -1 filled with the rest of `devices`;
+    ValueError (its message without the flag) when the shape cannot be laid over them."""
+    if not hasattr(shape, "keys"):
+        raise ValueError("must be a dict of mesh axis sizes")
+    unknown = sorted(set(shape) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}; expected {list(MESH_AXES)}")
+    sizes = {a: shape.get(a, 1) for a in MESH_AXES}
+    if any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1) for v in sizes.values()):
+        raise ValueError("sizes must be positive integers, or -1 for the rest of the devices")
+    if list(sizes.values()).count(-1) > 1:
+        raise ValueError("at most one axis may be -1")
+    known = math.prod(v for v in sizes.values() if v != -1)
+    for axis, v in sizes.items():
+        if v == -1:
+            if devices % known:
+                raise ValueError(f"{devices} devices cannot fill the other axes' {known}")
+            sizes[axis] = devices // known
+    if math.prod(sizes.values()) != devices:
+        raise ValueError(f"the mesh needs {math.prod(sizes.values())} devices, there are {devices}")
+    return sizes
+
+
+def batch_axes(rules, mesh_axes) -> tuple[str, ...]:
+    """The mesh axes the "batch" rule splits batches over (those the mesh has)."""
+    target = dict(tuple(r) for r in rules).get("batch")
+    return tuple(a for a in ((target,) if isinstance(target, str) else tuple(target or ())) if a in mesh_axes)
+
+
+def data_parallel_size(sizes: dict[str, int], rules) -> int:
+    """Devices a batch is split over: the product of the batch axes' sizes."""
+    return math.prod(sizes[a] for a in batch_axes(rules, sizes))
 
 
 def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = None) -> Mesh:
@@ -41,20 +64,10 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = No
     axes, under which embedding gathers fail.
     """
     devices = list(devices if devices is not None else jax.devices())
-    shape = dict(shape or {"data": -1})
-    unknown = set(shape) - set(MESH_AXES)
-    if unknown:
-        raise ValueError(f"unknown mesh axes {sorted(unknown)}; expected {MESH_AXES}")
-    sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
-    if sizes.count(-1) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {shape}")
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices cannot fill mesh {shape}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
+    try:
+        sizes = list(resolve_shape(dict(shape or {"data": -1}), len(devices)).values())
+    except ValueError as e:
+        raise ValueError(f"mesh {shape}: {e}") from None
     try:
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(sizes, devices=devices)
@@ -65,7 +78,7 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = No
 
 
 def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
-                    rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> P:
+                    rules: Sequence[tuple[str, Any]]) -> P:
     """PartitionSpec for an array with logical axis `names`; a dimension that the mesh axes do
     not divide stays replicated, and no mesh axis is used twice."""
     if names is None:
@@ -86,7 +99,7 @@ def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], me
 
 
 def undivided_dims(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
-                   rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> list[tuple[str, int, tuple[str, ...]]]:
+                   rules: Sequence[tuple[str, Any]]) -> list[tuple[str, int, tuple[str, ...]]]:
     """(logical name, size, mesh axes) of each dimension that its rule maps to mesh axes whose
     size does not divide it: `logical_to_spec` leaves such a dimension replicated."""
     if names is None:
@@ -102,7 +115,7 @@ def undivided_dims(names: Sequence[str | None] | None, shape: Sequence[int], mes
     return out
 
 
-def param_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> dict:
+def param_shardings(model: nnx.Module, mesh: Mesh, rules) -> dict:
     """NamedSharding for every parameter (as a pure dict, like nnx.to_pure_dict). A dimension
     the mesh does not divide (a 30,522 vocabulary over tensor:4) stays replicated, with a warning
     naming it: pad the model's dimension (model.overrides.vocab_size) to shard it."""
@@ -121,8 +134,8 @@ def param_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> dict:
     return nnx.to_pure_dict(nnx.from_flat_state(out))
 
 
-def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
-    axes = tuple(a for a in (dict(rules).get("batch") or ()) if a in mesh.shape)
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+    axes = batch_axes(rules, mesh.shape)
     return NamedSharding(mesh, P(axes if axes else None))
 
 

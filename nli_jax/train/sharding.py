@@ -16,7 +16,7 @@ from flax import nnx
 from nli_jax.train import mesh as mesh_lib
 
 
-def create_sharded(create: Callable[[], nnx.Module], mesh, rules=mesh_lib.DEFAULT_RULES):
+def create_sharded(create: Callable[[], nnx.Module], mesh, rules):
     """(model, params as a pure dict of global arrays in their shardings, those shardings)
     for `create()`, computed on the devices: the values of an eager `create()` up to float
     rounding (about 1e-8: XLA fuses the initialisers). The model holds these same arrays, not a
@@ -37,9 +37,3 @@ def create_sharded(create: Callable[[], nnx.Module], mesh, rules=mesh_lib.DEFAUL
     model = nnx.merge(graphdef, nnx.State(params), rest)
     return model, params, shardings
 
-
-def shardings_of(tree) -> dict:
-    """{path: PartitionSpec} of every array in a pytree (e.g. the train state), for checks
-    and logs: the shardings the arrays hold, not the ones asked for."""
-    return {jax.tree_util.keystr(path): x.sharding.spec
-            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "sharding")}

@@ -1,0 +1,286 @@
+"""Hugging Face checkpoints <-> nli-jax NNX models: `PretrainedModel`, the base of every task
+model, with `from_pretrained` / `save_pretrained`, and the map from our parameters to
+transformers' names and layouts. Files are read and written by nli_jax.checkpoints.hf (which
+knows nothing of the models); each model class declares how transformers names it (`hf_*`).
+
+Layouts: HF Linear weights are [out, in], ours are [in, out]; our attention projections keep
+heads as their own axis ([embed, heads, kv] and [heads, kv, embed]) for tensor parallelism.
+Every mismatch is reported by name before any compute.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import jax
+import numpy as np
+from flax import nnx
+
+from nli_jax.checkpoints import hf
+from nli_jax.models.config import ConfigError, EncoderConfig
+from nli_jax.models.encoder import make_rngs
+
+log = logging.getLogger("nli_jax.checkpoints.hf")
+
+
+class PretrainedModel(nnx.Module):
+    """A task model with Hugging Face-style `from_pretrained` / `save_pretrained`."""
+
+    config: EncoderConfig
+    hf_suffix = "Model"  # the transformers class is the family's name + this (BertForMaskedLM, ...)
+    hf_base_model = False  # a bare encoder: saved without the base-model prefix ("bert.")
+    hf_id2label = False  # num_labels travels as config.json's id2label (transformers' classifiers)
+    hf_roberta_classifier = False  # RoBERTa's sequence head: classifier.dense + classifier.out_proj
+    hf_saved_head_arguments: tuple[str, ...] = ()  # read back from config.json's nli_jax.head_arguments
+
+    def head_arguments(self) -> dict:
+        """Constructor arguments beyond the config (num_labels, ...), saved with the model."""
+        return {}
+
+    def hf_architecture(self, suffix: str | None = None) -> str:
+        """The transformers class this model saves as (config.json's architectures)."""
+        return _FAMILY[self.config.model_type] + (suffix or self.hf_suffix)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs):
+        return from_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, path: str, *, tokenizer=None, label_names=None) -> None:
+        save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names)
+
+
+_FAMILY = {"bert": "Bert", "albert": "Albert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta"}
+_PREFIX = {"bert": "bert", "albert": "albert", "xlm-roberta": "roberta", "roberta": "roberta"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One parameter: our state path, its Hugging Face name, and how many leading kernel axes
+    are input axes (kernels only; 0 for embeddings, biases and norms)."""
+    path: tuple
+    hf_name: str
+    in_axes: int = 0
+    is_encoder: bool = True
+
+
+def _encoder_names(config: EncoderConfig, rest: tuple) -> tuple[str, int]:
+    """HF name (without the base-model prefix) and input-axis count for an encoder path."""
+    leaf = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}[rest[-1]]
+    kernel_in = 1 if rest[-1] == "kernel" else 0
+    head = rest[0]
+    if head == "embeddings":
+        table = {"word": "word_embeddings", "position": "position_embeddings",
+                 "token_type": "token_type_embeddings", "norm": "LayerNorm"}[rest[1]]
+        return f"embeddings.{table}.{leaf}", 0
+    if head == "embedding_projection":
+        return f"encoder.embedding_hidden_mapping_in.{leaf}", kernel_in
+    if head == "pooler":
+        return (f"pooler.{leaf}" if config.is_albert else f"pooler.dense.{leaf}"), kernel_in
+    assert head == "layers", rest
+    index, module = rest[1], rest[2:-1]
+    if config.is_albert:
+        group, inner = divmod(index, config.inner_group_num)
+        base = f"encoder.albert_layer_groups.{group}.albert_layers.{inner}."
+        sub = {("attention", "query"): "attention.query", ("attention", "key"): "attention.key",
+               ("attention", "value"): "attention.value", ("attention", "output"): "attention.dense",
+               ("attention_norm",): "attention.LayerNorm", ("mlp_in",): "ffn", ("mlp_out",): "ffn_output",
+               ("mlp_norm",): "full_layer_layer_norm"}[module]
+    else:
+        base = f"encoder.layer.{index}."
+        sub = {("attention", "query"): "attention.self.query", ("attention", "key"): "attention.self.key",
+               ("attention", "value"): "attention.self.value", ("attention", "output"): "attention.output.dense",
+               ("attention_norm",): "attention.output.LayerNorm", ("mlp_in",): "intermediate.dense",
+               ("mlp_out",): "output.dense", ("mlp_norm",): "output.LayerNorm"}[module]
+    if module == ("attention", "output") and kernel_in:
+        kernel_in = 2  # [heads, kv, embed]
+    return base + sub + "." + leaf, kernel_in
+
+
+def _head_name(config: EncoderConfig, model: "PretrainedModel", rest: tuple) -> str:
+    """HF name of a head parameter, as transformers' task classes name it."""
+    t = config.model_type
+    leaf = {"kernel": "weight", "bias": "bias", "scale": "weight"}[rest[-1]]
+    if rest[0] == "mlm":
+        if rest == ("mlm", "bias"):
+            return {"bert": "cls.predictions.bias", "albert": "predictions.bias"}.get(t, "lm_head.bias")
+        module = rest[1]
+        if t == "bert":
+            return {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm"}[module] + "." + leaf
+        if t == "albert":
+            return {"transform": "predictions.dense", "norm": "predictions.LayerNorm"}[module] + "." + leaf
+        return {"transform": "lm_head.dense", "norm": "lm_head.layer_norm"}[module] + "." + leaf
+    if rest[0] == "sentence":
+        if t == "bert":
+            return f"cls.seq_relationship.{leaf}"
+        if t == "albert":
+            return f"sop_classifier.classifier.{leaf}"
+        raise hf.CheckpointError(f"{t} has no next-sentence/sentence-order head in transformers")
+    if rest[0] == "classifier":
+        if model.hf_roberta_classifier and config.is_roberta:
+            return {"dense": "classifier.dense", "out": "classifier.out_proj"}[rest[1]] + "." + leaf
+        return f"classifier.{leaf}"
+    raise KeyError(rest)
+
+
+def parameter_entries(model: "PretrainedModel") -> list[Entry]:
+    """Every parameter of `model` with its Hugging Face name (base-model prefix included
+    for task models, as transformers saves them)."""
+    config = model.config
+    prefix = "" if model.hf_base_model else _PREFIX[config.model_type] + "."
+    entries = []
+    for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        if path[0] == "encoder":
+            name, in_axes = _encoder_names(config, path[1:])
+            entries.append(Entry(path, prefix + name, in_axes, True))
+        else:
+            in_axes = 1 if path[-1] == "kernel" else 0
+            entries.append(Entry(path, _head_name(config, model, path), in_axes, False))
+    return entries
+
+
+def _hf_shape(e: Entry, shape: tuple) -> tuple:
+    if e.in_axes:  # kernel: ours [in..., out...] -> HF [prod(out), prod(in)]
+        return (int(np.prod(shape[e.in_axes:])), int(np.prod(shape[:e.in_axes])))
+    if e.path[-1] == "embedding":  # tables have the same layout
+        return tuple(shape)
+    return (int(np.prod(shape)),)  # biases (ours may be [heads, kv]) and norms
+
+
+def to_ours(w: np.ndarray, shape: tuple, in_axes: int) -> np.ndarray:
+    if in_axes:
+        return np.ascontiguousarray(w.T).reshape(shape)
+    return w.reshape(shape)
+
+
+def to_hf(e: Entry, x: np.ndarray) -> np.ndarray:
+    if e.in_axes:
+        x = x.reshape(int(np.prod(x.shape[:e.in_axes])), int(np.prod(x.shape[e.in_axes:]))).T
+    elif e.path[-1] != "embedding":
+        x = x.reshape(-1)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+# Buffers and tied copies transformers may have saved; never parameters of ours.
+_IGNORABLE = re.compile(r"(position_ids|token_type_ids|\.decoder\.weight|\.decoder\.bias)$")
+# Heads of transformers' task classes: unused when loading into another task's model.
+_HEAD_PREFIXES = ("cls.", "predictions.", "lm_head.", "sop_classifier.", "classifier.", "qa_outputs.")
+
+
+def _canonical(config: EncoderConfig, weights: dict) -> dict:
+    """Checkpoint keys with the base-model prefix, whether or not the file had it."""
+    prefix = _PREFIX[config.model_type] + "."
+    out = {}
+    for k, v in weights.items():
+        if k.startswith(("embeddings.", "encoder.", "pooler.")):
+            k = prefix + k
+        out[k] = v
+    return out
+
+
+def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: bool | None = None, seed: int = 0,
+                    strict: bool = True, config_overrides: dict | None = None, **head_kwargs):
+    """Builds `cls` from a Hugging Face model directory (or hub id).
+
+    Heads the checkpoint lacks (a new classifier, say) are freshly initialised and logged.
+    Raises CheckpointError naming every missing encoder weight, shape mismatch and (when
+    `strict`) every checkpoint weight that maps to nothing.
+    """
+    directory = hf.resolve_directory(path)
+    config_json = hf.read_config(directory)
+    overrides = dict(config_overrides or {})
+    if dtype is not None:
+        overrides["dtype"] = dtype
+    if remat is not None:
+        overrides["remat"] = remat
+    config = EncoderConfig.from_hf_dict(config_json, **overrides)
+    if cls.hf_id2label and "num_labels" not in head_kwargs:
+        if "id2label" not in config_json:
+            raise ConfigError(f"{cls.__name__}.from_pretrained({path!r}) needs num_labels= "
+                              "(the checkpoint's config.json has no id2label)")
+        head_kwargs["num_labels"] = len(config_json["id2label"])
+    saved_heads = config_json.get("nli_jax", {}).get("head_arguments", {})
+    for key in cls.hf_saved_head_arguments:
+        if key not in head_kwargs and key in saved_heads:
+            head_kwargs[key] = saved_heads[key]
+    weights = _canonical(config, hf.read_weights(directory))
+    model = cls(config, rngs=make_rngs(seed), **head_kwargs)  # a "dropout" stream: the train step reseeds it
+    load_weights(model, weights, source=directory, strict=strict)
+    return model
+
+
+def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, source: str = "checkpoint",
+                 strict: bool = True) -> None:
+    config = model.config
+    prefix = _PREFIX[config.model_type] + "."
+    entries = parameter_entries(model)
+    if model.hf_base_model:  # canonical keys carry the prefix
+        entries = [dataclasses.replace(e, hf_name=prefix + e.hf_name) for e in entries]
+    state = nnx.state(model, nnx.Param)
+    flat = dict(nnx.to_flat_state(state))
+    missing, mismatched, fresh, used = [], [], [], set()
+    new_values = {}
+    for e in entries:
+        ours = flat[e.path]
+        if e.hf_name not in weights:
+            # The pooler and heads are legitimately absent from some checkpoints (MLM-only
+            # checkpoints have no pooler; a base model has no classifier): train them from scratch.
+            if e.is_encoder and not e.path[1] == "pooler":
+                missing.append(e.hf_name)
+            else:
+                fresh.append(e.hf_name)
+            continue
+        used.add(e.hf_name)
+        w = weights[e.hf_name]
+        expected = _hf_shape(e, ours.shape)
+        if tuple(w.shape) != expected:
+            mismatched.append(f"{e.hf_name}: checkpoint {tuple(w.shape)} vs model {expected}")
+            continue
+        new_values[e.path] = to_ours(w, ours.shape, e.in_axes)
+    unused = sorted(k for k in weights if k not in used)
+    unexpected = [k for k in unused if not _IGNORABLE.search(k) and not k.startswith(_HEAD_PREFIXES)
+                  and not k.startswith(prefix + "pooler.")]
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint: {missing}")
+    if mismatched:
+        problems.append(f"shape mismatches: {mismatched}")
+    if strict and unexpected:
+        problems.append(f"checkpoint weights that map to nothing in {type(model).__name__}: {unexpected}")
+    if problems:
+        raise hf.CheckpointError(f"{source} does not match {type(model).__name__} ({config.model_type}): " + "; ".join(problems))
+    heads_unused = [k for k in unused if not _IGNORABLE.search(k) and k not in unexpected]
+    if fresh:
+        log.warning("%s: newly initialised (not in %s): %s", type(model).__name__, source, fresh)
+    if heads_unused:
+        log.info("%s: unused checkpoint weights (other heads): %s", type(model).__name__, heads_unused)
+    for path, value in new_values.items():
+        flat[path].set_value(jax.numpy.asarray(value, dtype=flat[path][...].dtype))
+    nnx.update(model, nnx.from_flat_state(flat))
+
+
+def state_dict(model: "PretrainedModel") -> dict[str, np.ndarray]:
+    """Our parameters under Hugging Face names and layouts (float32 numpy)."""
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    return {e.hf_name: to_hf(e, np.asarray(flat[e.path][...])) for e in parameter_entries(model)}
+
+
+def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, label_names=None) -> None:
+    """`model` as a Hugging Face directory (local or gs://) that transformers' PyTorch classes
+    load with no missing or unexpected weights. `label_names`: the classes in output order,
+    written as id2label / label2id (transformers' pipelines and model cards show them); LABEL_i
+    without them."""
+    config = model.config.to_hf_dict([model.hf_architecture()])
+    head_arguments = model.head_arguments()
+    n = head_arguments.get("num_labels")
+    if label_names is not None and n is not None and len(label_names) != n:
+        raise ValueError(f"{len(label_names)} label names for a head with {n} labels")
+    if n is not None and model.hf_id2label:
+        names = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(n)]
+        config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        config["label2id"] = {name: i for i, name in enumerate(names)}
+    config["nli_jax"] = {"class": type(model).__name__, "head_arguments": head_arguments}
+    if label_names is not None:
+        config["nli_jax"]["labels"] = list(label_names)  # multi-aspect heads: one softmax over these per aspect
+    config["tie_word_embeddings"] = True
+    hf.write_directory(path, state_dict(model), config, tokenizer=tokenizer)

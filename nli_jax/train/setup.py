@@ -1,0 +1,212 @@
+"""Run setup: from a checked plan to everything a run needs before its first step, in an order
+that makes bad input fail before compute: the task, tokenizer and model shape (checked against
+each other: `model_inputs`), then the data (validated as it is read), the [UNK] rate of the
+training text, the mesh, the model placed in its shardings, the batching and the jitted
+evaluation step (`prepare`). Training, the final evaluation and the offline tools (evaluate,
+predict, export) all start from a `RunSetup`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+
+from nli_jax import storage
+from nli_jax.checkpoints import load_tokenizer
+from nli_jax.checkpoints.hf import read_config, resolve_directory
+from nli_jax.data import pipeline
+from nli_jax.errors import ConfigValueError, RunError
+from nli_jax.models import make_rngs, preset
+from nli_jax.models.config import EncoderConfig
+from nli_jax.plan import ModelPlan, RunPlan
+from nli_jax.tasks import create_task
+from nli_jax.train import evaluation, planner
+from nli_jax.train import inputs as inputs_lib
+from nli_jax.train import mesh as mesh_lib
+from nli_jax.train import sharding as sharding_lib
+from nli_jax.train.reporting import log
+from nli_jax.train.steps import check_dropout_streams, make_eval_step
+
+
+# --- the model's shape and weights ---------------------------------------------------------
+
+def encoder_config_for(model: ModelPlan, tokenizer, init: str | None = None) -> tuple[EncoderConfig, str | None]:
+    """(the model's EncoderConfig, its resolved checkpoint directory or None) without building
+    the model: a checkpoint's config.json, or the preset with the tokenizer's vocabulary."""
+    init = init or model.init
+    if init:
+        directory = resolve_directory(init)
+        return EncoderConfig.from_hf_dict(read_config(directory), dtype=model.dtype, remat=model.remat,
+                                          **model.overrides_dict), directory
+    return preset(model.preset, vocab_size=len(tokenizer), dtype=model.dtype, remat=model.remat,
+                  pad_token_id=tokenizer.pad_token_id, **model.overrides_dict), None
+
+
+def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None):
+    """The task's model: from `init` (or model.init) when set, else from the preset at random."""
+    cls, head_kwargs = task.model_class_and_kwargs()
+    init = init or model.init
+    if init:
+        return cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, seed=seed,
+                                   config_overrides=model.overrides_dict, **head_kwargs)
+    encoder_config, _ = encoder_config_for(model, tokenizer)
+    return cls(encoder_config, rngs=make_rngs(seed), **head_kwargs)
+
+
+def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = None):
+    """(model, its parameters as global arrays in their shardings, those shardings). From scratch
+    on a mesh that shards parameters (fsdp or tensor), they are created on the devices in their
+    shardings (no host holds them whole). A checkpoint (model.init) is read on the host and each
+    process puts its shards in place; so are replicated parameters (pure data parallelism), which
+    every device holds whole anyway."""
+    rules = plan.mesh.rules
+    if init or plan.model.init or not any(mesh.shape.get(a, 1) > 1 for a in ("fsdp", "tensor")):
+        model = build_model(plan.model, task, tokenizer, plan.seed, init=init)
+        shardings = mesh_lib.param_shardings(model, mesh, rules)
+        params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
+        return model, params, shardings
+    return sharding_lib.create_sharded(lambda: build_model(plan.model, task, tokenizer, plan.seed), mesh, rules)
+
+
+@dataclasses.dataclass
+class ModelInputs:
+    """The task, tokenizer and model shape of a run, checked against each other (no data, no
+    parameters yet)."""
+    task: Any
+    tokenizer: Any
+    tokenizer_dir: str
+    encoder_config: EncoderConfig
+    model_dir: str | None  # model.init's directory (None: built from a preset)
+
+
+def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
+    """Task, tokenizer and model shape, with data.max_seq_length and the vocabulary checked
+    against them before any data is read or parameter loaded."""
+    task = create_task(plan)
+    tokenizer_path = plan.model.tokenizer or model_init or plan.model.init
+    if not tokenizer_path:
+        raise ConfigValueError("--config.model.tokenizer='': no tokenizer (and no model.init to take one from)")
+    tokenizer_dir = resolve_directory(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    encoder_config, model_dir = encoder_config_for(plan.model, tokenizer, model_init)
+    source = model_init or plan.model.init or f"preset {plan.model.preset}"
+    planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
+    # Both are local by now (resolve_directory downloads a gs:// directory once per process).
+    if model_dir and storage.resolve(model_dir) != storage.resolve(tokenizer_dir):
+        _check_same_vocabulary(tokenizer, tokenizer_path, model_dir)
+    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir)
+
+
+def _check_same_vocabulary(tokenizer, tokenizer_path: str, model_dir: str) -> None:
+    """A tokenizer other than the checkpoint's own must have the same vocabulary: its ids
+    index the checkpoint's embedding rows."""
+    if not set(os.listdir(model_dir)) & set(inputs_lib.TOKENIZER_FILES) - {"tokenizer_config.json",
+                                                                            "special_tokens_map.json"}:
+        return  # the checkpoint ships no tokenizer to compare with
+    try:
+        own = load_tokenizer(model_dir).get_vocab()
+    except Exception as e:  # an unloadable tokenizer of the checkpoint's is not this run's concern
+        log.warning("could not load %s's own tokenizer to compare it with %s (%s)", model_dir, tokenizer_path, e)
+        return
+    given = tokenizer.get_vocab()
+    if own != given:
+        differing = sorted(t for t in set(own) | set(given) if own.get(t) != given.get(t))
+        raise ConfigValueError(
+            f"--config.model.tokenizer={tokenizer_path!r}: its vocabulary differs from the one model.init "
+            f"({model_dir}) was trained with ({len(differing)} of {max(len(own), len(given))} tokens differ, e.g. "
+            f"{differing[:5]}): its token ids would select the wrong embeddings; use the checkpoint's tokenizer")
+
+
+# --- the run --------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RunSetup:
+    """Everything a run needs before its first step: plan, task, data, tokenizer, model, mesh,
+    shardings, batching and the evaluator (with its jitted step)."""
+    plan: RunPlan
+    workdir: str
+    task: Any
+    splits: dict
+    tokenizer: Any
+    model: Any
+    encode: Callable
+    batching: Any  # nli_jax.data.pipeline.Batching (or the task's own, e.g. MLM masking)
+    mesh: Any
+    batch_sharding: Any
+    graphdef: Any
+    rest: Any
+    params: dict  # placed by the logical-axis rules
+    param_shardings: Any
+    evaluator: evaluation.Evaluator
+    tokenizer_dir: str | None = None
+    model_dir: str | None = None
+
+    @property
+    def label_names(self) -> list[str] | None:
+        labels = getattr(self.task, "labels", None)
+        return list(labels) if labels else None
+
+    def evaluate(self, params, split: str):
+        """(report, prediction records) of one split of the run's data."""
+        return self.evaluator.evaluate(params, split, self.splits[split])
+
+    def predict(self, params, examples: list[dict], name: str) -> list[dict]:
+        """Prediction records (label names) for examples that may have no gold labels."""
+        return self.evaluator.predict(params, examples, name)
+
+
+def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
+            model_init: str | None = None, checked: ModelInputs | None = None) -> RunSetup:
+    """Data, tokenizer, model, mesh and shardings, in an order that makes bad input fail
+    before compute. `splits` replaces the task's own data (evaluate/predict on given files);
+    `labels` then gives the label names (from the checkpoint); `model_init` overrides
+    model.init (a Hugging Face checkpoint to evaluate as it is); `checked`: the result of
+    `model_inputs` when the caller has it already."""
+    checked = checked or model_inputs(plan, model_init)
+    task, tokenizer = checked.task, checked.tokenizer
+    if splits is None:
+        splits = task.load(workdir)
+    if labels is not None:
+        fixed = type(task).__dict__.get("labels") or getattr(type(task), "labels", ())
+        if fixed and tuple(fixed) != tuple(labels):
+            raise RunError(f"the checkpoint's labels {list(labels)} are not task {task.name!r}'s {list(fixed)}")
+        task.labels = tuple(labels)
+
+    encode = task.encoder(tokenizer)
+    sample_split = next((s for s in (task.train_split, task.validation_split, *splits) if s in splits), None)
+    if sample_split is not None:
+        planner.check_unknown_rate(tokenizer, plan.model.tokenizer or model_init or plan.model.init,
+                                   splits[sample_split], encode, sample_split)
+    mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
+    model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=model_init)
+    check_dropout_streams(model)
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
+    batching = task.batching(tokenizer, plan.batch)
+    batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
+                        out_shardings=mesh_lib.replicated(mesh))
+    evaluator = evaluation.Evaluator(task, encode, batching, plan.batch, eval_step, batch_sharding,
+                                     predict_step=evaluation.predict_step(graphdef, rest, task, param_shardings,
+                                                                          batch_sharding, mesh))
+    return RunSetup(plan=plan, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
+                    encode=encode, batching=batching, mesh=mesh, batch_sharding=batch_sharding, graphdef=graphdef,
+                    rest=rest, params=params, param_shardings=param_shardings, evaluator=evaluator,
+                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
+
+
+def training_split(run: RunSetup):
+    """The examples the run trains on: the task's training split, or its first
+    data.max_train_examples in file order (quick experiments and overfitting checks)."""
+    task = run.task
+    if task.train_split not in run.splits:
+        raise FileNotFoundError(f"task {task.name}: split {task.train_split!r} not found in the data")
+    source = run.splits[task.train_split]
+    limit = run.plan.data.max_train_examples
+    if limit > 0:
+        source = pipeline.Subset(source, [i for i in range(len(source)) if source[i]["idx"] < limit])
+    return source

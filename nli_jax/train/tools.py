@@ -1,0 +1,171 @@
+"""The offline tools behind finetune.evaluate, finetune.predict and finetune.export: a run's best
+parameters (or a Hugging Face checkpoint) evaluated on its splits and on given files, used to
+predict on unlabelled input, or exported as a Hugging Face directory; and `export`, which the
+loop uses too. Every file is read and validated before any compute. The tools run on one or
+several processes alike (the command-line flags for several are nli_jax.train.cli's).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+from flax import nnx
+
+from nli_jax import storage
+from nli_jax import workdir as workdir_lib
+from nli_jax.checkpoints.hf import read_config
+from nli_jax.data.records import InMemorySource
+from nli_jax.errors import RunError
+from nli_jax.tasks import create_task
+from nli_jax.train import inputs as inputs_lib
+from nli_jax.train import planner
+from nli_jax.train.checkpointing import Checkpointer, abstract_like
+from nli_jax.train.evaluation import final_evaluation
+from nli_jax.train.reporting import log, setup_logging, write_json, write_jsonl
+from nli_jax.train.setup import model_inputs, prepare
+
+# What must match between the run that trained a checkpoint and the config that evaluates it.
+_MODEL_KEYS = ("task", "model.", "data.max_seq_length", "data.hypothesis_only", "data.word_alignment")
+
+
+def host_params(params):
+    """Whole parameters as numpy arrays on this host. Arrays sharded across processes (fsdp or
+    tensor axes spanning hosts) are gathered with multihost_utils: device_get cannot read the
+    shards of another process."""
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(params)):
+        from jax.experimental import multihost_utils
+        return multihost_utils.process_allgather(params, tiled=True)
+    return jax.device_get(params)
+
+
+def export(run, params, directory: str) -> str:
+    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer).
+    Every process calls it (the gather is collective); process 0 writes."""
+    nnx.update(run.model, nnx.State(host_params(params)))
+    if jax.process_index() == 0:
+        run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names)
+    return directory
+
+
+def resolve_checkpoint(path: str) -> dict:
+    """A run's workdir (its best parameters, under best/) or a Hugging Face directory."""
+    if not path:
+        raise RunError("no checkpoint given: a fine-tuning run's workdir or a Hugging Face model directory")
+    storage.check_reachable(storage.check(path), what="checkpoint")
+    if storage.isdir(os.path.join(path, "best")):
+        config = workdir_lib.read_config(path)
+        if config is None:
+            raise FileNotFoundError(f"{path} has best/ but no {workdir_lib.CONFIG_FILE}: not a complete nli-jax run")
+        return {"kind": "run", "path": path, "config": config}
+    if storage.isfile(os.path.join(path, "config.json")):
+        return {"kind": "hf", "path": path}
+    raise FileNotFoundError(f"checkpoint {path}: neither a run directory (with best/ and {workdir_lib.CONFIG_FILE}) "
+                            "nor a Hugging Face model directory (with config.json)")
+
+
+def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, splits=None):
+    """RunSetup and best parameters of a run's workdir, refusing a config whose model differs."""
+    ours, theirs = workdir_lib.flatten(plan.config_json), workdir_lib.flatten(saved_config)
+    differing = sorted(k for k in set(ours) | set(theirs) if k.startswith(_MODEL_KEYS) and ours.get(k) != theirs.get(k))
+    if differing:
+        raise RunError(f"{checkpoint} was trained with a different model or task config: " + "; ".join(
+            f"{k}: {theirs.get(k)!r} (run) vs {ours.get(k)!r} (given)" for k in differing[:10]))
+    info = Checkpointer.read_best_info(checkpoint)
+    if info is None:
+        raise FileNotFoundError(f"{checkpoint}/best holds no saved parameters")
+    labels = info.get("labels")
+    checked = model_inputs(plan)
+    recorded = inputs_lib.read_inputs(checkpoint)
+    if recorded is not None:
+        changed = inputs_lib.differences(recorded, inputs_lib.fingerprint(tokenizer_dir=checked.tokenizer_dir),
+                                         parts=("tokenizer",))
+        if changed:
+            raise inputs_lib.InputsChangedError(
+                f"{checkpoint} was trained with another tokenizer than this config's ({'; '.join(changed[:5])}): "
+                "its parameters would read the wrong token ids; restore the run's tokenizer files")
+    run = prepare(plan, workdir, splits=splits, labels=labels if splits is not None else None, checked=checked)
+    if labels and run.label_names and list(labels) != run.label_names:
+        raise RunError(f"{checkpoint} was trained with labels {labels} but the data gives {run.label_names}")
+    ckpt = Checkpointer(checkpoint, async_save=False, create=False)
+    try:
+        params, _ = ckpt.restore_best(abstract_like(run.params))
+    finally:
+        ckpt.close()
+    return run, params
+
+
+def _checkpoint_setup(plan, workdir, checkpoint: str, splits=None, need_labels=False):
+    """RunSetup and parameters for a checkpoint: a run's best, or a Hugging Face directory's."""
+    found = resolve_checkpoint(checkpoint)
+    if found["kind"] == "run":
+        return _run_checkpoint_setup(plan, workdir, checkpoint, found["config"], splits)
+    labels = _hf_label_names(checkpoint)
+    run = prepare(plan, workdir, splits=splits, labels=labels if splits is not None else None, model_init=checkpoint)
+    if labels and run.label_names and labels != run.label_names:
+        raise RunError(f"{checkpoint}: id2label {labels} differs from task {run.task.name!r}'s labels {run.label_names}")
+    if need_labels and not run.label_names:
+        raise RunError(f"{checkpoint}: its config.json has no label names (id2label) for task {run.task.name!r}")
+    return run, run.params
+
+
+def _hf_label_names(directory: str) -> list[str] | None:
+    id2label = read_config(directory).get("id2label") or {}
+    names = [id2label[k] for k in sorted(id2label, key=int)]
+    return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, str] | None = None) -> dict:
+    """Evaluates a run's best parameters (or a Hugging Face checkpoint) on the config's
+    eval_splits and on `files` ({split name: path}, in the task's format, labelled), writing
+    results.json and predictions.jsonl to `workdir` with the same breakdowns as training."""
+    plan = planner.build_plan(config, training=False)
+    task = create_task(plan)
+    files = dict(files or {})
+    extra = {}
+    for name, path in files.items():  # every file read and validated before any compute
+        extra[name] = InMemorySource(task.read_file(path, labelled=True))
+    splits = None
+    if plan.data.source or not files:
+        splits = task.load(workdir)
+    splits = {**(splits or {}), **extra}
+    eval_splits = [s for s in plan.eval_splits if s in splits and s not in extra] + list(extra)
+    if not eval_splits:
+        raise RunError(f"nothing to evaluate: none of eval_splits {list(plan.eval_splits)} is in the data "
+                       "and no files were given")
+    setup_logging(workdir)
+    run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
+    if extra:
+        run.splits = splits
+    results, records = final_evaluation(run, params, eval_splits)
+    results["checkpoint"] = checkpoint
+    results["files"] = files
+    write_json(os.path.join(workdir, "results.json"), results)
+    write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+    return results
+
+
+def export_checkpoint(config, checkpoint: str, output: str) -> str:
+    """A run's best parameters as a Hugging Face directory with label names and tokenizer."""
+    plan = planner.build_plan(config, training=False)
+    if resolve_checkpoint(checkpoint)["kind"] != "run":
+        raise RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {workdir_lib.CONFIG_FILE})")
+    run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
+    return export(run, params, output)
+
+
+def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str]) -> list[dict]:
+    """Predictions with label names for unlabelled input ({name: path}, the task's file format;
+    gold fields may be absent), written to <output_dir>/predictions.jsonl (split = name)."""
+    plan = planner.build_plan(config, training=False)
+    if not files:
+        raise RunError("no input files to predict")
+    task = create_task(plan)
+    inputs = {name: task.read_file(path, labelled=False) for name, path in files.items()}
+    setup_logging(output_dir)
+    run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
+    records = []
+    for name, examples in inputs.items():
+        records.extend(run.predict(params, examples, name))
+        log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
+    write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
+    return records

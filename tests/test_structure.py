@@ -1,0 +1,143 @@
+"""The package's shape, checked from source so that CI fails when it erodes: no import cycles
+(imports inside functions included), the config read by the planner only, nli_jax/train's
+modules each saying what they own, and no function there longer than a screen."""
+import ast
+import pathlib
+import re
+
+import pytest
+
+from conftest import REPO
+
+PACKAGES = ("nli_jax", "finetune", "pretrain", "configs", "launch")
+# Packages whose __init__ imports every module in them (plugin registries, docs/extending.md).
+IMPORTS_ALL_MODULES = ("nli_jax.tasks",)
+
+
+def modules(root: pathlib.Path = REPO, packages=PACKAGES) -> dict[str, pathlib.Path]:
+    out = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def import_graph(mods: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    """module -> the project's modules it imports, anywhere in its source. Importing a.b.c also
+    runs the packages a.b and a (their __init__), except those the importer is inside of."""
+    def resolve(name):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: set() for m in mods}
+    for module, path in mods.items():
+        is_package = path.name == "__init__.py"
+        own = {module.rsplit(".", i)[0] for i in range(module.count(".") + 1)}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = module if is_package else module.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}" if base else package
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for name in names:
+                target = resolve(name)
+                if not target:
+                    continue
+                parts = target.split(".")
+                for i in range(1, len(parts) + 1):
+                    ancestor = ".".join(parts[:i])
+                    if ancestor in mods and ancestor != module and (ancestor == target or ancestor not in own):
+                        graph[module].add(ancestor)
+    for package in IMPORTS_ALL_MODULES:
+        if package in graph:
+            graph[package] |= {m for m in mods if m.rpartition(".")[0] == package}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycles():
+    found = cycles(import_graph(modules()))
+    assert not found, f"import cycles: {found}"
+
+
+def test_the_cycle_check_finds_cycles_through_function_level_and_package_imports(tmp_path):
+    """The check itself, on a package written here: a registry importing its package back inside
+    a function (as tasks/base.get_task once did), and a module whose import of a sibling
+    package's submodule runs that package's __init__, which imports the module back."""
+    files = {
+        "pkg/__init__.py": "", "pkg/tasks/__init__.py": "from pkg.tasks import base\n",
+        "pkg/tasks/base.py": "def get_task(name):\n    import pkg.tasks\n    return pkg.tasks\n",
+        "pkg/train/__init__.py": "from pkg.train import loop\n", "pkg/train/loop.py": "import pkg.data.reader\n",
+        "pkg/train/util.py": "", "pkg/data/__init__.py": "",
+        "pkg/data/reader.py": "def read():\n    from pkg.train.util import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = cycles(import_graph(modules(tmp_path, ("pkg",))))
+    assert ["pkg.tasks", "pkg.tasks.base"] in found
+    assert ["pkg.data.reader", "pkg.train", "pkg.train.loop"] in found
+
+
+def test_only_the_planner_reads_the_config():
+    """Defaults live in configs/ only; the planner turns a config into a typed plan."""
+    pattern = re.compile(r"config(\.[a-z_]+)*\.get\(")
+    readers = sorted(str(path.relative_to(REPO)) for package in ("nli_jax", "finetune", "pretrain")
+                     for path in (REPO / package).rglob("*.py") if pattern.search(path.read_text(encoding="utf-8")))
+    assert readers in ([], ["nli_jax/train/planner.py"]), readers
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "nli_jax" / "train").glob("*.py")), ids=lambda p: p.name)
+def test_train_modules_say_what_they_own_and_keep_functions_short(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if path.name != "__init__.py":
+        assert ast.get_docstring(tree), f"{path.name} has no module docstring"
+    long = [(f.name, f.end_lineno - f.lineno + 1) for f in _functions(tree) if f.end_lineno - f.lineno + 1 > 80]
+    assert not long, f"functions over 80 lines in {path.name}: {long}"
