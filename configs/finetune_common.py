@@ -49,6 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.translate_train_source = ""  # IndoNLI translate-train: extracted translate_train_small folder
     c.data.mix_indonli_train = False
     c.data.max_train_examples = 0  # > 0: train on the first N examples ("train" in eval_splits evaluates them)
+    # A file naming training examples by id (one per line, or JSON lines with "id": the subsets
+    # `python -m nli_jax.analysis cartography` writes): train on those only.
+    c.data.train_subset = ""
     c.data.workers = 0  # grain worker processes
 
     c.model = ml_collections.ConfigDict()
@@ -92,6 +95,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.async_checkpointing = True
     c.train.early_stopping_patience = 3  # evaluations without improvement; 0 = off
     c.train.peak_tflops_per_device = 0.0  # e.g. 123 for TPU v3 bf16: enables MFU in the log
+    # Training dynamics (dataset cartography): every training example's gold-label probability and
+    # correctness each epoch, from the training step itself, in <workdir>/dynamics/.
+    c.train.record_dynamics = False
+    c.train.dynamics_every_steps = 0  # > 0: instead, the whole training split every N steps (one-epoch runs)
+    # Calibration: ECE, MCE, Brier and NLL per split, a temperature fitted on validation (NLL),
+    # reliability diagrams; calibrated probabilities next to the raw ones.
+    c.train.calibration = True
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = {"data": -1, "fsdp": 1, "tensor": 1}

@@ -128,6 +128,7 @@ class DataPlan:
     translate_train_source: str = _str()
     mix_indonli_train: bool = _bool()
     max_train_examples: int = _int(0)
+    train_subset: str = _str()  # a file of training example ids (cartography subsets)
     workers: int = _int(0)
 
 
@@ -194,6 +195,9 @@ class TrainPlan:
     async_checkpointing: bool = _bool()
     early_stopping_patience: int = _int(0)
     peak_tflops_per_device: float = _float(0.0)
+    record_dynamics: bool = _bool()  # training dynamics per example (nli_jax.train.dynamics)
+    dynamics_every_steps: int = _int(0)  # > 0: an evaluation of the training split every N steps
+    calibration: bool = _bool()  # calibration metrics and temperature scaling (nli_jax.train.calibrate)
 
 
 @dataclasses.dataclass(frozen=True)

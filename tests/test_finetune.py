@@ -120,12 +120,21 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def dynamics_records(workdir):
+    """{(pass, example idx): (gold probability, correct)} of a run's training dynamics."""
+    from nli_jax.train.dynamics import read_records
+    r = read_records(str(workdir))
+    return {(int(p), int(i)): (float(g), float(c)) for p, i, g, c in
+            zip(r["pass"], r["idx"], r["gold_probability"], r["correct"])}
+
+
 def test_two_processes_of_two_devices_match_one_process(tmp_path):
     """Packed rows and length buckets: both processes pack their rows of each global batch into
     the row count and bucket that the whole batch needs (the same shapes, with no per-step
     exchange), as one process with as many data-parallel devices does (packing groups, hence
-    dropout masks, follow the data-parallel size)."""
-    common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}")
+    dropout masks, follow the data-parallel size). Training dynamics of the global batch are
+    recorded once, as by one process."""
+    common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.train.record_dynamics=True")
     run(tmp_path / "single", *common, devices=4)
     port = _free_port()
     procs = [subprocess.Popen(command(tmp_path / "multi", *common) + [
@@ -148,10 +157,14 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
     print(f"padded length per step: {digests} (one process: {one})")
     assert digests[0] == digests[1] == one
     assert one.count(":") > 1, "the fixture's batches should use more than one bucket"
+    records, reference = dynamics_records(tmp_path / "multi"), dynamics_records(tmp_path / "single")
+    assert sorted(records) == sorted(reference) and len(records) == 12 * 16  # every example of 12 steps, once
+    assert max(abs(records[k][0] - reference[k][0]) for k in records) <= 1e-5
 
 
 RESUME = ("--config.train.num_epochs=12", "--config.train.checkpoint_every_steps=20",
-          "--config.train.async_checkpointing=True", "--config.eval_splits=('validation',)")
+          "--config.train.async_checkpointing=True", "--config.eval_splits=('validation',)",
+          "--config.train.record_dynamics=True")
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +200,12 @@ def _assert_same_final_state(workdir, reference):
         np.testing.assert_array_equal(x, y)
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (workdir, reference))
     assert ra["history"] == rb["history"] and ra["splits"] == rb["splits"]
+    # Training dynamics: the same records as the uninterrupted run, every example once per epoch.
+    records = dynamics_records(workdir)
+    assert records == dynamics_records(reference)
+    # 216 steps of 16 = 11 epochs of the 300 examples (each once) and 156 examples of the 12th.
+    per_epoch = [sum(1 for e, _ in records if e == epoch) for epoch in range(12)]
+    assert per_epoch == [300] * 11 + [156] and len(records) == 216 * 16
 
 
 def test_sigkill_then_rerun_gives_identical_parameters(tmp_path, uninterrupted):

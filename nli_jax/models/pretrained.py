@@ -46,8 +46,8 @@ class PretrainedModel(nnx.Module):
     def from_pretrained(cls, path: str, **kwargs):
         return from_pretrained(cls, path, **kwargs)
 
-    def save_pretrained(self, path: str, *, tokenizer=None, label_names=None) -> None:
-        save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names)
+    def save_pretrained(self, path: str, *, tokenizer=None, label_names=None, extra: dict | None = None) -> None:
+        save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names, extra=extra)
 
 
 _FAMILY = {"bert": "Bert", "albert": "Albert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta"}
@@ -265,11 +265,13 @@ def state_dict(model: "PretrainedModel") -> dict[str, np.ndarray]:
     return {e.hf_name: to_hf(e, np.asarray(flat[e.path][...])) for e in parameter_entries(model)}
 
 
-def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, label_names=None) -> None:
+def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, label_names=None,
+                    extra: dict | None = None) -> None:
     """`model` as a Hugging Face directory (local or gs://) that transformers' PyTorch classes
     load with no missing or unexpected weights. `label_names`: the classes in output order,
     written as id2label / label2id (transformers' pipelines and model cards show them); LABEL_i
-    without them."""
+    without them. `extra`: more of nli-jax's own fields in config.json's "nli_jax" (e.g. the
+    calibration temperature)."""
     config = model.config.to_hf_dict([model.hf_architecture()])
     head_arguments = model.head_arguments()
     n = head_arguments.get("num_labels")
@@ -282,5 +284,6 @@ def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, labe
     config["nli_jax"] = {"class": type(model).__name__, "head_arguments": head_arguments}
     if label_names is not None:
         config["nli_jax"]["labels"] = list(label_names)  # multi-aspect heads: one softmax over these per aspect
+    config["nli_jax"].update(extra or {})
     config["tie_word_embeddings"] = True
     hf.write_directory(path, state_dict(model), config, tokenizer=tokenizer)

@@ -16,6 +16,9 @@ from nli_jax.plan import BatchPlan, DataPlan
 
 # name -> factory(RunPlan) -> Task. The built-in tasks register when nli_jax.tasks is imported.
 TASKS: dict[str, Callable[[Any], "Task"]] = {}
+# The key of `loss`'s metric sums that holds per-example arrays (not summed): the train step
+# returns them when asked (training dynamics), the evaluation step with the predictions.
+PER_EXAMPLE = "per_example"
 
 
 def register(name: str):
@@ -43,6 +46,9 @@ class Task(abc.ABC):
     # Whether training batches may put several examples in one row (data.packing,
     # Batching.pack): tasks with one prediction per example from its first token.
     packs_examples: bool = False
+    # Whether `loss` returns per-example outcomes (sums[PER_EXAMPLE]: gold_probability, correct):
+    # training dynamics (train.record_dynamics) and the training split's cartography.
+    records_dynamics: bool = False
 
     def __init__(self, data: DataPlan):
         self.data = data
@@ -92,7 +98,8 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def loss(self, model, batch, deterministic: bool):
-        """(loss sum, weight sum, dict of metric sums) over the batch."""
+        """(loss sum, weight sum, dict of metric sums) over the batch. The sums may hold
+        PER_EXAMPLE: {name: [batch] array} of per-example outcomes, which are not summed."""
 
     def loss_normalizers(self, batch) -> dict | None:
         """Global-batch denominators for losses that are not means over examples, or None.
@@ -112,3 +119,8 @@ class Task(abc.ABC):
     def prediction_records(self, split: str, examples: list[dict], predictions: dict[str, np.ndarray]) -> list[dict]:
         """One JSON-able record per example for predictions.jsonl (none by default)."""
         return []
+
+    def calibration_inputs(self, examples: list[dict], predictions: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        """(logits [n, classes], gold label indices [n]) of a split's labelled predictions, for
+        calibration metrics and temperature scaling; None when the task has no such predictions."""
+        return None

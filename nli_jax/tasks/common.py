@@ -11,7 +11,7 @@ import numpy as np
 
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, ForTokenClassification
-from nli_jax.tasks.base import Task
+from nli_jax.tasks.base import PER_EXAMPLE, Task
 
 
 def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> dict:
@@ -35,6 +35,14 @@ def sequence_logits(model, batch, deterministic: bool):
                  packing=packing)
 
 
+def outcomes(logits, labels) -> dict:
+    """Per prediction: the gold label's probability and whether the top label is the gold one
+    (the quantities of dataset cartography)."""
+    probabilities = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    gold = jnp.take_along_axis(probabilities, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    return {"gold_probability": gold, "correct": (jnp.argmax(logits, -1) == labels).astype(jnp.float32)}
+
+
 def check_length(length: int, max_length: int) -> None:
     """Tokenizers return an untruncated encoding (with a warning) when max_length is shorter
     than their special tokens: that must never reach the model as if it were truncated."""
@@ -47,6 +55,7 @@ class ClassificationTask(Task):
     """One label per example from the pooled encoder output."""
     labels: tuple[str, ...] = ()
     packs_examples = True
+    records_dynamics = True
 
     def model_class_and_kwargs(self):
         return ForSequenceClassification, {"num_labels": len(self.labels)}
@@ -55,11 +64,25 @@ class ClassificationTask(Task):
         logits = sequence_logits(model, batch, deterministic)
         loss_sum, weight = weighted_cross_entropy(logits, batch["label"], batch["weight"])
         correct, _ = weighted_accuracy(logits, batch["label"], batch["weight"])
-        return loss_sum, weight, {"correct": correct}
+        return loss_sum, weight, {"correct": correct, PER_EXAMPLE: outcomes(logits, batch["label"])}
 
     def predict(self, model, batch):
         logits = sequence_logits(model, batch, deterministic=True)
-        return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1)}
+        return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1),
+                "logits": logits}
+
+    def label_index(self, example) -> int | None:
+        """The gold label's index, None for unlabelled input."""
+        label = example["label"]
+        if label is None or (isinstance(label, (int, np.integer)) and label < 0):
+            return None
+        return int(label) if isinstance(label, (int, np.integer)) else self.labels.index(label)
+
+    def calibration_inputs(self, examples, predictions):
+        gold = [self.label_index(e) for e in examples]
+        if not examples or any(g is None for g in gold):
+            return None
+        return np.stack([np.asarray(x) for x in predictions["logits"]]), np.asarray(gold)
 
     def prediction_records(self, split, examples, predictions):
         return [{"split": split, "idx": e["idx"], "id": e.get("id", e["idx"]), "label": self.label_name(e),
@@ -74,10 +97,13 @@ class ClassificationTask(Task):
 
 
 class MultiAspectTask(Task):
-    """One softmax per aspect; loss averaged over (example, aspect) pairs."""
+    """One softmax per aspect; loss averaged over (example, aspect) pairs. An example's training
+    dynamics average its aspects (the gold probability and correctness over them); calibration
+    counts every (example, aspect) prediction."""
     aspects: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
     packs_examples = True
+    records_dynamics = True
 
     def model_class_and_kwargs(self):
         return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
@@ -87,11 +113,19 @@ class MultiAspectTask(Task):
         weights = jnp.broadcast_to(batch["weight"][:, None], batch["labels"].shape)
         loss_sum, weight = weighted_cross_entropy(logits, batch["labels"], weights)
         correct, _ = weighted_accuracy(logits, batch["labels"], weights)
-        return loss_sum, weight, {"correct": correct}
+        per_example = {k: v.mean(-1) for k, v in outcomes(logits, batch["labels"]).items()}
+        return loss_sum, weight, {"correct": correct, PER_EXAMPLE: per_example}
 
     def predict(self, model, batch):
         logits = sequence_logits(model, batch, deterministic=True)
-        return {"prediction": jnp.argmax(logits, -1)}
+        return {"prediction": jnp.argmax(logits, -1), "logits": logits}
+
+    def calibration_inputs(self, examples, predictions):
+        if not examples or any(e["labels"] is None for e in examples):
+            return None
+        index = {name: i for i, name in enumerate(self.labels)}
+        logits = np.concatenate([np.asarray(x) for x in predictions["logits"]])  # [examples x aspects, labels]
+        return logits, np.asarray([index[label] for e in examples for label in e["labels"]])
 
 
 class TaggingTask(Task):

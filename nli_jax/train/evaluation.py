@@ -1,9 +1,12 @@
 """Evaluation and prediction: a split's examples (each read and encoded once per run) in
 evaluation batches over every process, the jitted evaluation or prediction step, the outputs
 merged back into file order, then the task's report and prediction records. Owns the final
-evaluation of a run's parameters on every split (results.json's task fields).
+evaluation of a run's parameters on every split (results.json's task fields), calibration
+included (nli_jax.train.calibrate).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -12,8 +15,19 @@ from flax import nnx
 from nli_jax.data import pipeline
 from nli_jax.data.records import InMemorySource
 from nli_jax.plan import BatchPlan
+from nli_jax.train import calibrate
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.reporting import log
+
+
+class SplitEvaluation(NamedTuple):
+    """One split evaluated: the task's report and prediction records, and what they came from
+    (the examples and the merged per-example outputs, in file order)."""
+    report: dict
+    records: list
+    split: str
+    examples: list
+    predictions: dict
 
 
 def predict_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
@@ -57,19 +71,21 @@ class Evaluator:
         self.eval_step, self.predict_step, self.batch_sharding = eval_step, predict_step, batch_sharding
         self._splits: dict[str, EvalSplit] = {}
 
-    def evaluate(self, params, split: str, source):
-        """(report, prediction records) of one split; each split is read and encoded once per run."""
+    def evaluate(self, params, split: str, source) -> SplitEvaluation:
+        """One split's report and prediction records; each split is read and encoded once per run."""
         if split not in self._splits:
             self._splits[split] = EvalSplit(source, self.encode)
         sums, merged, ordered = self._run(self.eval_step, params, self._splits[split], split)
         report = self.task.report(split, ordered, merged)
         report["loss"] = float(sums["loss_sum"]) / max(float(sums["weight"]), 1.0)
-        return report, self.task.prediction_records(split, ordered, merged)
+        return SplitEvaluation(report, self.task.prediction_records(split, ordered, merged), split, ordered, merged)
 
-    def predict(self, params, examples: list[dict], name: str) -> list[dict]:
-        """Prediction records (label names) for examples that may have no gold labels."""
+    def predict(self, params, examples: list[dict], name: str, temperature: float | None = None) -> list[dict]:
+        """Prediction records (label names) for examples that may have no gold labels; with a
+        temperature, calibrated probabilities next to the raw ones."""
         _, merged, ordered = self._run(self.predict_step, params, EvalSplit(InMemorySource(examples), self.encode), name)
-        return self.task.prediction_records(name, ordered, merged)
+        records = self.task.prediction_records(name, ordered, merged)
+        return calibrate.with_calibrated_probabilities(records, merged.get("logits"), temperature)
 
     def _run(self, step_fn, params, data: EvalSplit, split: str):
         """Runs `step_fn` over a split in eval batches: (summed metrics or None, per-example
@@ -98,17 +114,38 @@ class Evaluator:
         return sums, merged, ordered
 
 
-def final_evaluation(run, params, splits: list[str], *, reused: dict | None = None):
+def final_evaluation(run, params, splits: list[str], *, reused: dict | None = None,
+                     temperature: float | None = None, fit_temperature: bool = False):
     """results.json's task fields and every split's report, and the prediction records, for
-    `params`. `reused`: {split: (report, records)} already computed with these parameters."""
+    `params`. `reused`: {split: SplitEvaluation} already computed with these parameters. With
+    train.calibration: calibration metrics per split, raw and scaled by `temperature` (or by one
+    fitted here on the validation split, `fit_temperature`; results["calibration"] says how)."""
     task = run.task
     results = {"task": task.name, "primary_metric": task.primary_metric,
                "hypothesis_only": run.plan.data.hypothesis_only, "splits": {}}
-    records = []
+    evaluations = {}
     for split in splits:
-        report, split_records = (reused or {}).get(split) or run.evaluate(params, split)
-        results["splits"][split] = report
-        records.extend(split_records)
+        evaluations[split] = (reused or {}).get(split) or run.evaluate(params, split)
+        report = results["splits"][split] = evaluations[split].report
         log.info("final %s: %s %.4f (%d examples)", split, task.primary_metric, report[task.primary_metric],
                  report["count"])
+    calibrated = run.plan.train.calibration
+    if calibrated and fit_temperature and task.validation_split in run.splits:
+        validation = evaluations.get(task.validation_split) or run.evaluate(params, task.validation_split)
+        if task.calibration_inputs(validation.examples, validation.predictions) is not None:
+            temperature, fit = calibrate.fit(task, validation)
+            results["calibration"] = dict(fit, temperature=temperature)
+    records = []
+    for split, evaluation in evaluations.items():
+        split_records = evaluation.records
+        if calibrated:
+            report = calibrate.report(task, evaluation, temperature, run.workdir)
+            if report is not None:
+                results["splits"][split]["calibration"] = report
+                split_records = calibrate.with_calibrated_probabilities(split_records,
+                                                                        evaluation.predictions.get("logits"),
+                                                                        temperature)
+        records.extend(split_records)
+    if calibrated:
+        calibrate.log_summary(results)
     return results, records

@@ -26,6 +26,8 @@ from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
 from nli_jax.plan import RunPlan, StepPlan
+from nli_jax.tasks.base import PER_EXAMPLE
+from nli_jax.train import calibrate, dynamics
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import planner
@@ -34,7 +36,7 @@ from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.preemption import Preempted, Preemption
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
-from nli_jax.train.setup import RunSetup, model_inputs, prepare, training_split
+from nli_jax.train.setup import RunSetup, model_inputs, prepare, training_examples
 from nli_jax.train.steps import make_train_step
 from nli_jax.train.tools import export
 
@@ -55,7 +57,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     """mean ± std (sample std, ddof=1, as over the papers' random restarts) of every split's
-    primary metric."""
+    primary metric, and of its calibration measures."""
     splits = sorted({s for r in per_seed.values() for s in r["splits"]})
     out = {"seeds": sorted(per_seed), "splits": {}}
     for split in splits:
@@ -64,6 +66,8 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
         out["splits"][split] = {metric: {"mean": float(np.mean(values)),
                                          "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                                          "values": values}}
+    for split, measures in calibrate.summarize_seeds(per_seed).items():
+        out["splits"][split]["calibration"] = measures
     out["per_seed"] = {str(s): r for s, r in per_seed.items()}
     return out
 
@@ -77,14 +81,19 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
     params = _best_params(run, state, bookkeeping)
-    results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits], reused=reused)
+    results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits], reused=reused,
+                                        fit_temperature=True)
+    if "calibration" in results:  # stored with the best parameters, for evaluate / predict / export
+        calibrate.write_temperature(workdir, results["calibration"]["temperature"],
+                                    dict(results["calibration"], best_step=bookkeeping["best_step"]))
     results.update(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"],
                    stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
                    train_tokens=bookkeeping["train_tokens"])
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
-        results["export_best"] = export(run, params, os.path.join(workdir, "export_best"))
+        results["export_best"] = export(run, params, os.path.join(workdir, "export_best"),
+                                        temperature=results.get("calibration", {}).get("temperature"))
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
     return results
@@ -99,8 +108,8 @@ def _checked_setup(plan: RunPlan, workdir: str):
         raise RunError(f"workdir {workdir} holds checkpoints or results but no {workdir_lib.CONFIG_FILE}: its config "
                        "is unknown. Use a new --workdir, or delete the old one to start over.")
     checked = model_inputs(plan)
-    known = inputs_lib.fingerprint(files=checked.task.input_files(workdir), tokenizer_dir=checked.tokenizer_dir,
-                                   model_dir=checked.model_dir)
+    files = checked.task.input_files(workdir) + ([plan.data.train_subset] if plan.data.train_subset else [])
+    known = inputs_lib.fingerprint(files=files, tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
     inputs_lib.check_inputs(workdir, known, trained=trained)  # before any data is (re)built in the workdir
     with recording_reads() as data_files:
         run = prepare(plan, workdir, checked=checked)
@@ -111,8 +120,10 @@ def _checked_setup(plan: RunPlan, workdir: str):
     for needed in (task.train_split, task.validation_split):
         if needed not in run.splits:
             raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
-    train_source = training_split(run)
+    train_source = training_examples(plan, task, run.splits)
     steps = planner.step_plan(plan, len(train_source))
+    if plan.train.record_dynamics:  # records of another run or task in this workdir: refused now
+        dynamics.check_meta(workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)))
     current = dict(known, data=dict(sorted(data_files.items())))
     inputs_lib.check_inputs(workdir, current, trained=trained, parts=("data",))
     if trained and inputs_lib.read_inputs(workdir) is None:
@@ -143,17 +154,23 @@ def train(run: RunSetup, steps: StepPlan, train_source):
         run.splits = dict(run.splits, train=train_source)
     tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps)
+    recorder = (dynamics.Recorder(run.workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)),
+                                  global_batch=plan.batch.global_batch, every_steps=plan.train.dynamics_every_steps)
+                if plan.train.record_dynamics else None)
     state, train_step = initial_state_and_step(run.graphdef, run.rest, run.params, run.param_shardings, run.mesh,
                                                run.batch_sharding, task, tx, schedule, seed=plan.seed,
-                                               accumulation=plan.batch.accumulation)
+                                               accumulation=plan.batch.accumulation,
+                                               per_example=bool(recorder and not recorder.every_steps))
     train_iter = iter(_train_batches(run, train_source))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
     state, bookkeeping = _resume(ckpt, state, train_iter)
     step = int(jax.device_get(state["step"]))
+    if recorder:
+        recorder.start(step)
     reporter = Reporter(run.workdir, steps.total_steps, step, flops_per_token=_flops_per_token(run, state["params"]),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
-    best_evaluation = None  # (step, report, records) of the best evaluation made in this process
+    best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
     pending, padding = [], _Padding()
     with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption:
         while step < steps.total_steps and not bookkeeping["stopped_early"]:
@@ -163,6 +180,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             padding.count(local["attention_mask"].shape, real_tokens)
             state, metrics = train_step(state, pipeline.to_global(local, run.batch_sharding))
             step += 1
+            if recorder:
+                _record(recorder, run, train_source, step, metrics.pop(PER_EXAMPLE, None), state["params"])
             pending.append(metrics)
             if step % steps.log_every == 0 or step == steps.total_steps:
                 _report(reporter, pending, step, steps)
@@ -170,8 +189,10 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             if step % steps.eval_every == 0 or step == steps.total_steps:
                 best_evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping) or best_evaluation
             if step % steps.checkpoint_every == 0 or step == steps.total_steps or bookkeeping["stopped_early"]:
+                recorder and recorder.write(step)  # the records up to a checkpoint, before it
                 ckpt.save(step, state, train_iter, bookkeeping)
             if preemption.reached(step):
+                recorder and recorder.write(step)
                 ckpt.save(step, state, train_iter, bookkeeping, force=True)
                 ckpt.close()
                 log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
@@ -185,14 +206,15 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     bookkeeping = dict(bookkeeping, steps=step, train_tokens={"computed": padding.padded, "real": padding.real})
     reused = None
     if best_evaluation is not None and best_evaluation[0] == bookkeeping["best_step"]:
-        reused = {task.validation_split: best_evaluation[1:]}
+        reused = {task.validation_split: best_evaluation[1]}
     return state, bookkeeping, reused
 
 
 def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx, schedule, *,
-                           seed: int, accumulation: int):
+                           seed: int, accumulation: int, per_example: bool = False):
     """The train state {params, opt_state, step} in its shardings, and the jitted train step
-    (state donated). The loop's own; benchmarks/mlm_train_step.py times it."""
+    (state donated; `per_example`: its metrics hold the examples' outcomes, for training
+    dynamics). The loop's own; benchmarks/mlm_train_step.py times it."""
     replicated = mesh_lib.replicated(mesh)
     # Moments follow their parameter's sharding; counts and other scalars are replicated.
     opt_shardings = optax.tree_map_params(
@@ -202,7 +224,7 @@ def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     train_step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=seed,
-                                         accumulation_steps=accumulation),
+                                         accumulation_steps=accumulation, per_example=per_example),
                          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                          donate_argnums=(0,))
     return state, train_step
@@ -218,6 +240,18 @@ def _train_batches(run: RunSetup, train_source):
     return pipeline.train_dataset(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
                                   seed=run.plan.seed, num_epochs=run.plan.train.num_epochs, process_index=pi,
                                   process_count=pc, workers=run.plan.data.workers, lengths=lengths)
+
+
+def _record(recorder: dynamics.Recorder, run: RunSetup, train_source, step: int, outcomes, params) -> None:
+    """Training dynamics: this step's examples from its own forward pass, or every N steps an
+    evaluation of the whole training split."""
+    if outcomes is not None:
+        recorder.training_step(step, outcomes)
+    if recorder.wants_pass(step):
+        evaluation = run.evaluator.evaluate(params, "dynamics", train_source)
+        p = evaluation.predictions
+        recorder.evaluation_pass(step, {"idx": np.asarray(p["idx"]), "weight": np.ones(len(p["idx"]), np.float32),
+                                        **{k: np.asarray(p[k]) for k in dynamics.FIELDS}})
 
 
 def _resume(ckpt: Checkpointer, state, train_iter):
@@ -267,9 +301,10 @@ def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> No
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
               bookkeeping: dict):
     """Evaluates on the validation split, keeps the best parameters and decides on early
-    stopping; returns (step, report, records) when this evaluation is the best so far."""
+    stopping; returns (step, SplitEvaluation) when this evaluation is the best so far."""
     task, patience = run.task, run.plan.train.early_stopping_patience
-    result, records = run.evaluate(state["params"], task.validation_split)
+    evaluation = run.evaluate(state["params"], task.validation_split)
+    result = evaluation.report
     metric = result[task.primary_metric]
     reporter.scalars(step, {f"{task.validation_split}/{task.primary_metric}": metric,
                             f"{task.validation_split}/loss": result["loss"]})
@@ -279,7 +314,7 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"]:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
-        best = (step, result, records)
+        best = (step, evaluation)
     else:
         bookkeeping["evals_without_improvement"] += 1
         if patience and bookkeeping["evals_without_improvement"] >= patience:

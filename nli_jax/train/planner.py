@@ -33,8 +33,8 @@ from nli_jax.train import mesh as mesh_lib
 log = logging.getLogger("nli_jax")
 
 # Config keys that name files or directories: each may be a local path or gs://bucket/path.
-PATH_KEYS = ("data.source", "data.tfds_dir", "data.translate_train_source", "model.init", "model.tokenizer",
-             "pretrain.corpus", "pretrain.examples_dir")
+PATH_KEYS = ("data.source", "data.tfds_dir", "data.translate_train_source", "data.train_subset", "model.init",
+             "model.tokenizer", "pretrain.corpus", "pretrain.examples_dir")
 _SECTIONS = {"data": P.DataPlan, "model": P.ModelPlan, "optimizer": P.OptimizerPlan, "train": P.TrainPlan,
              "pretrain": P.PretrainPlan}
 _TOP = ("task", "eval_splits", "seeds", "export_best", "export_final")
@@ -276,6 +276,17 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
         if not model.tokenizer:
             problems.append("--config.model.tokenizer='' and --config.model.init='': a from-scratch model needs "
                             "model.tokenizer (a directory with vocab.txt or tokenizer.json)")
+    if plan.train.record_dynamics and not task.records_dynamics:
+        problems.append(f"--config.train.record_dynamics=True: task {plan.task!r} has no one prediction per example "
+                        "to record (training dynamics are for sequence-level tasks: NLI, EmoT, SmSA, WReTE, CASA, "
+                        "HoASA)")
+    if plan.train.dynamics_every_steps and not plan.train.record_dynamics:
+        problems.append(f"{flag('train.dynamics_every_steps', plan.train.dynamics_every_steps)}: records training "
+                        "dynamics: also pass --config.train.record_dynamics=True")
+    if plan.data.train_subset and plan.data.max_train_examples:
+        problems.append(f"{flag('data.train_subset', plan.data.train_subset)} and "
+                        f"{flag('data.max_train_examples', plan.data.max_train_examples)}: two ways of choosing the "
+                        "training examples; give one")
     p = plan.pretrain
     if training and p is not None:
         if p.max_predictions > plan.data.max_seq_length:
@@ -312,7 +323,8 @@ def check_paths(plan: P.RunPlan, workdir: str | None = None) -> None:
     error naming the key and path, before anything is read, written or computed."""
     from nli_jax import storage
     values = {"data.source": plan.data.source, "data.tfds_dir": plan.data.tfds_dir,
-              "data.translate_train_source": plan.data.translate_train_source, "model.init": plan.model.init,
+              "data.translate_train_source": plan.data.translate_train_source,
+              "data.train_subset": plan.data.train_subset, "model.init": plan.model.init,
               "model.tokenizer": plan.model.tokenizer}
     if plan.pretrain is not None:
         values.update({"pretrain.corpus": plan.pretrain.corpus, "pretrain.examples_dir": plan.pretrain.examples_dir})

@@ -149,13 +149,13 @@ class RunSetup:
         labels = getattr(self.task, "labels", None)
         return list(labels) if labels else None
 
-    def evaluate(self, params, split: str):
-        """(report, prediction records) of one split of the run's data."""
+    def evaluate(self, params, split: str) -> evaluation.SplitEvaluation:
+        """One split of the run's data evaluated: report, prediction records, outputs."""
         return self.evaluator.evaluate(params, split, self.splits[split])
 
-    def predict(self, params, examples: list[dict], name: str) -> list[dict]:
+    def predict(self, params, examples: list[dict], name: str, temperature: float | None = None) -> list[dict]:
         """Prediction records (label names) for examples that may have no gold labels."""
-        return self.evaluator.predict(params, examples, name)
+        return self.evaluator.predict(params, examples, name, temperature)
 
 
 def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
@@ -199,14 +199,53 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
                     tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
 
 
-def training_split(run: RunSetup):
-    """The examples the run trains on: the task's training split, or its first
-    data.max_train_examples in file order (quick experiments and overfitting checks)."""
-    task = run.task
-    if task.train_split not in run.splits:
+def training_examples(plan: RunPlan, task, splits: dict):
+    """The examples a run trains on: the task's training split, its first
+    data.max_train_examples in file order (quick experiments and overfitting checks), or the
+    examples data.train_subset names by id (a cartography subset); unknown ids are refused."""
+    if task.train_split not in splits:
         raise FileNotFoundError(f"task {task.name}: split {task.train_split!r} not found in the data")
-    source = run.splits[task.train_split]
-    limit = run.plan.data.max_train_examples
+    source = splits[task.train_split]
+    limit = plan.data.max_train_examples
     if limit > 0:
         source = pipeline.Subset(source, [i for i in range(len(source)) if source[i]["idx"] < limit])
+    if plan.data.train_subset:
+        wanted = read_subset(plan.data.train_subset, task.name)
+        positions = {str(source[i].get("id", source[i]["idx"])): i for i in range(len(source))}
+        unknown = [i for i in wanted if i not in positions]
+        if unknown:
+            raise RunError(f"--config.data.train_subset={plan.data.train_subset!r}: {len(unknown)} of its {len(wanted)} "
+                           f"ids are not in task {task.name!r}'s training split ({len(source)} examples), e.g. "
+                           f"{unknown[:5]}: the file was written for other data")
+        source = pipeline.Subset(source, sorted(positions[i] for i in wanted))
     return source
+
+
+def read_subset(path: str, task_name: str) -> list[str]:
+    """The ids of a subset file: JSON lines with "id" (nli_jax.analysis cartography's subsets,
+    whose "task" must be this one) or one id per line."""
+    import json
+    if not storage.isfile(path):
+        raise FileNotFoundError(f"--config.data.train_subset={path!r}: no such file")
+    ids = []
+    for number, line in enumerate(storage.read_text(path).splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise RunError(f"{path}:{number}: malformed JSON ({e})") from None
+            if "id" not in row:
+                raise RunError(f"{path}:{number}: a JSON line without \"id\"")
+            if row.get("task", task_name) != task_name:
+                raise RunError(f"{path}:{number}: a subset of task {row['task']!r}, not {task_name!r}")
+            ids.append(str(row["id"]))
+        else:
+            ids.append(line)
+    if not ids:
+        raise RunError(f"--config.data.train_subset={path!r}: the file names no examples")
+    if len(set(ids)) != len(ids):
+        raise RunError(f"--config.data.train_subset={path!r}: an id is listed twice")
+    return ids

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from nli_jax.tasks.base import PER_EXAMPLE
+
 
 def check_dropout_streams(model) -> None:
     """Every active Dropout must draw from an RNG stream named "dropout".
@@ -29,7 +31,11 @@ def check_dropout_streams(model) -> None:
                          f"every step (first: {frozen[0]}); build the model with nli_jax.models.make_rngs(seed)")
 
 
-def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulation_steps: int = 1):
+def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulation_steps: int = 1,
+                    per_example: bool = False):
+    """The jitted-to-be train step (state, batch) -> (state, metric sums). `per_example`: the
+    metrics also hold the task's per-example outcomes of this step's forward pass (with the
+    batch's idx and weight), for training dynamics; otherwise XLA drops their computation."""
     base_key = jax.random.key(seed, impl="rbg")
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
@@ -39,9 +45,10 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
             check_dropout_streams(model)  # at trace time: costs nothing per step
             nnx.reseed(model, dropout=key)
             loss_sum, weight, sums = task.loss(model, batch, deterministic=False)
-            return loss_sum, (weight, sums)
-        (loss_sum, (weight, sums)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        return grads, {"loss_sum": loss_sum, "weight": weight, **sums}
+            outcomes = sums.pop(PER_EXAMPLE, {})
+            return loss_sum, (weight, sums, outcomes)
+        (loss_sum, (weight, sums, outcomes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return grads, {"loss_sum": loss_sum, "weight": weight, **sums}, outcomes
 
     def train_step(state, batch):
         params = state["params"]
@@ -52,7 +59,7 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
         if normalizers is not None:
             batch = {**batch, "loss_normalizers": normalizers}
         if accumulation_steps == 1:
-            grads, sums = loss_and_grads(params, batch, step_key)
+            grads, sums, outcomes = loss_and_grads(params, batch, step_key)
         else:
             split = {k: v for k, v in batch.items() if k != "loss_normalizers"}
             micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), split)
@@ -60,16 +67,19 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
 
             def body(carry, xs):
                 index, mb = xs
-                g, s = loss_and_grads(params, {**mb, **extra}, jax.random.fold_in(step_key, index))
-                return jax.tree.map(jnp.add, carry, (g, s)), None
+                g, s, o = loss_and_grads(params, {**mb, **extra}, jax.random.fold_in(step_key, index))
+                return jax.tree.map(jnp.add, carry, (g, s)), (o if per_example else None)
             zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_and_grads(
-                params, {**jax.tree.map(lambda x: x[0], micro), **extra}, step_key)))
-            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
+                params, {**jax.tree.map(lambda x: x[0], micro), **extra}, step_key)[:2]))
+            (grads, sums), outcomes = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
+            outcomes = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outcomes)  # micro-batches in order
         # Mean over the weighted examples of the whole global batch.
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "step": state["step"] + 1}
         metrics = {**sums, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"])}
+        if per_example:
+            metrics[PER_EXAMPLE] = {**outcomes, "idx": batch["idx"], "weight": batch["weight"]}
         return new_state, metrics
 
     return train_step
@@ -81,7 +91,8 @@ def make_eval_step(graphdef, rest, task):
     def eval_step(params, batch):
         model = nnx.merge(graphdef, params, rest)
         loss_sum, weight, sums = task.loss(model, batch, deterministic=True)
-        predictions = {**task.predict(model, batch), "idx": batch["idx"]}
+        # Per-example outcomes go with the predictions (one row per example), not the sums.
+        predictions = {**task.predict(model, batch), **sums.pop(PER_EXAMPLE, {}), "idx": batch["idx"]}
         return {"loss_sum": loss_sum, "weight": weight, **sums}, predictions
 
     return eval_step

@@ -17,6 +17,7 @@ from nli_jax.checkpoints.hf import read_config
 from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
 from nli_jax.tasks import create_task
+from nli_jax.train import calibrate
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
@@ -38,12 +39,14 @@ def host_params(params):
     return jax.device_get(params)
 
 
-def export(run, params, directory: str) -> str:
-    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer).
-    Every process calls it (the gather is collective); process 0 writes."""
+def export(run, params, directory: str, *, temperature: float | None = None) -> str:
+    """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer; the
+    calibration temperature as config.json's nli_jax.temperature). Every process calls it (the
+    gather is collective); process 0 writes."""
     nnx.update(run.model, nnx.State(host_params(params)))
     if jax.process_index() == 0:
-        run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names)
+        run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names,
+                                  extra={"temperature": temperature} if temperature is not None else None)
     return directory
 
 
@@ -132,11 +135,14 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
     if not eval_splits:
         raise RunError(f"nothing to evaluate: none of eval_splits {list(plan.eval_splits)} is in the data "
                        "and no files were given")
+    temperature = calibrate.read_temperature(checkpoint)  # checked before any compute
     setup_logging(workdir)
     run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
     if extra:
         run.splits = splits
-    results, records = final_evaluation(run, params, eval_splits)
+    results, records = final_evaluation(run, params, eval_splits, temperature=temperature)
+    if temperature is not None:
+        results["calibration"] = {"temperature": temperature, "from": checkpoint}
     results["checkpoint"] = checkpoint
     results["files"] = files
     write_json(os.path.join(workdir, "results.json"), results)
@@ -149,8 +155,9 @@ def export_checkpoint(config, checkpoint: str, output: str) -> str:
     plan = planner.build_plan(config, training=False)
     if resolve_checkpoint(checkpoint)["kind"] != "run":
         raise RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {workdir_lib.CONFIG_FILE})")
+    temperature = calibrate.read_temperature(checkpoint)
     run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
-    return export(run, params, output)
+    return export(run, params, output, temperature=temperature)
 
 
 def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str]) -> list[dict]:
@@ -161,11 +168,12 @@ def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str
         raise RunError("no input files to predict")
     task = create_task(plan)
     inputs = {name: task.read_file(path, labelled=False) for name, path in files.items()}
+    temperature = calibrate.read_temperature(checkpoint)
     setup_logging(output_dir)
     run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
     records = []
     for name, examples in inputs.items():
-        records.extend(run.predict(params, examples, name))
+        records.extend(run.predict(params, examples, name, temperature))
         log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
     write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
     return records

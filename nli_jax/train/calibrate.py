@@ -1,0 +1,129 @@
+"""Calibration of a run's predictions (`train.calibration`, on by default): after training, a
+temperature is fitted on the validation split with the best parameters (minimising NLL), and
+every evaluated split reports expected and maximum calibration error (15 bins), Brier score and
+NLL, raw and temperature-scaled, with a reliability diagram (`reliability_<split>.png`).
+Prediction records carry `probabilities` (raw) and `calibrated_probabilities`.
+
+The temperature is stored with the best parameters, in <workdir>/calibration.json; the tools
+(evaluate, predict) apply it without refitting, and export writes it into the Hugging Face
+config.json (`nli_jax.temperature`: divide the logits by it). The metrics are
+nli_jax.metrics.calibration's (checked against scikit-learn in tests/test_calibration.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from nli_jax import storage
+from nli_jax.errors import RunError
+from nli_jax.metrics import calibration as metrics
+from nli_jax.train.reporting import log
+
+CALIBRATION_FILE = "calibration.json"
+MEASURES = ("ece", "mce", "brier", "nll")
+
+
+def check_temperature(value, source: str) -> float:
+    """A usable temperature (a finite number > 0), or a RunError naming where it came from."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise RunError(f"{source}: temperature {value!r} is not a finite number > 0: the file is damaged or was "
+                       "edited; remove it (no temperature scaling) or fit the temperature again by rerunning the run")
+    return float(value)
+
+
+def read_temperature(checkpoint: str) -> float | None:
+    """The temperature stored with a run's best parameters (<run>/calibration.json) or in an
+    exported Hugging Face directory (config.json's nli_jax.temperature); None when there is none."""
+    path = os.path.join(checkpoint, CALIBRATION_FILE)
+    try:
+        saved = storage.read_json_object(path)
+    except ValueError as e:
+        raise RunError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    if saved is not None:
+        return check_temperature(saved.get("temperature"), path)
+    config = os.path.join(checkpoint, "config.json")
+    if "best" not in storage.listdir(checkpoint) and storage.isfile(config):
+        value = (storage.read_json_object(config) or {}).get("nli_jax", {}).get("temperature")
+        return None if value is None else check_temperature(value, f"{config} (nli_jax.temperature)")
+    return None
+
+
+def write_temperature(workdir: str, temperature: float, fit: dict) -> None:
+    import jax
+    if jax.process_index() == 0:
+        storage.write_text(os.path.join(workdir, CALIBRATION_FILE), json.dumps(dict(fit, temperature=temperature),
+                                                                                indent=2))
+
+
+def with_calibrated_probabilities(records: list[dict], logits, temperature: float | None) -> list[dict]:
+    """Prediction records (in the order of `logits`) with `calibrated_probabilities` next to the
+    raw `probabilities`, for tasks whose records carry probabilities."""
+    if temperature is None or not records or "probabilities" not in records[0]:
+        return records
+    scaled = metrics.softmax(np.stack([np.asarray(x) for x in logits]), temperature)
+    return [dict(r, calibrated_probabilities=[round(float(x), 6) for x in p]) for r, p in zip(records, scaled)]
+
+
+def fit(task, evaluation) -> tuple[float, dict]:
+    """(temperature, what it was fitted on) from a split's evaluation (SplitEvaluation)."""
+    inputs = task.calibration_inputs(evaluation.examples, evaluation.predictions)
+    if inputs is None:
+        raise RunError(f"task {task.name!r}: the validation split has no labelled predictions to fit a temperature on")
+    logits, labels = inputs
+    temperature = metrics.fit_temperature(logits, labels)
+    return temperature, {"fitted_on": evaluation.split, "count": int(len(labels)),
+                         "nll_before": metrics.negative_log_likelihood(logits, labels),
+                         "nll_after": metrics.negative_log_likelihood(logits, labels, temperature)}
+
+
+def report(task, evaluation, temperature: float | None, workdir: str) -> dict | None:
+    """A split's calibration: raw and (with a temperature) scaled metrics, and its reliability
+    diagram written to <workdir>/reliability_<split>.png; None for tasks without probabilities."""
+    inputs = task.calibration_inputs(evaluation.examples, evaluation.predictions)
+    if inputs is None:
+        return None
+    logits, labels = inputs
+    raw = metrics.report(logits, labels)
+    out = {"count": raw["count"], "raw": {k: raw[k] for k in MEASURES}}
+    curves = {"raw": raw}
+    if temperature is not None:
+        scaled = metrics.report(logits, labels, temperature)
+        out["temperature"] = temperature
+        out["temperature_scaled"] = {k: scaled[k] for k in MEASURES}
+        curves[f"temperature {temperature:.2f}"] = scaled
+    import jax
+    if jax.process_index() == 0:
+        path = os.path.join(workdir, f"reliability_{evaluation.split}.png")
+        metrics.plot_reliability(curves, path, f"{task.name} {evaluation.split}: {raw['count']} predictions")
+        out["reliability_diagram"] = os.path.basename(path)
+    return out
+
+
+def summarize_seeds(per_seed: dict[int, dict]) -> dict:
+    """{split: {raw|temperature_scaled: {measure: mean, std, values}}} over seeds' results."""
+    out = {}
+    splits = sorted({s for r in per_seed.values() for s, rep in r["splits"].items() if rep.get("calibration")})
+    for split in splits:
+        reports = [r["splits"][split]["calibration"] for r in per_seed.values()
+                   if r["splits"].get(split, {}).get("calibration")]
+        out[split] = {}
+        for kind in ("raw", "temperature_scaled"):
+            if all(kind in c for c in reports):
+                out[split][kind] = {m: _mean_std([c[kind][m] for c in reports]) for m in MEASURES}
+    return out
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def log_summary(results: dict) -> None:
+    for split, r in results["splits"].items():
+        c = r.get("calibration")
+        if c and "temperature_scaled" in c:
+            log.info("calibration %s: ECE %.4f -> %.4f (temperature %.3f), NLL %.4f -> %.4f", split, c["raw"]["ece"],
+                     c["temperature_scaled"]["ece"], c["temperature"], c["raw"]["nll"], c["temperature_scaled"]["nll"])
