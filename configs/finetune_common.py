@@ -52,6 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
     # A file naming training examples by id (one per line, or JSON lines with "id": the subsets
     # `python -m nli_jax.analysis cartography` writes): train on those only.
     c.data.train_subset = ""
+    c.data.allow_one_label = False  # a training split whose examples all carry one label is refused unless True
     c.data.workers = 0  # grain worker processes
 
     c.model = ml_collections.ConfigDict()

@@ -27,7 +27,8 @@ def main(argv):
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
     from nli_jax.train.tools import evaluate_checkpoint
-    evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, cli.parse_files(FLAGS.file))
+    evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, cli.parse_files(FLAGS.file),
+                        allow_unfinished=FLAGS.allow_unfinished)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def main(argv):
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()  # the gather of parameters sharded across processes is collective
     from nli_jax.train.tools import export_checkpoint
-    print(export_checkpoint(config, FLAGS.checkpoint, FLAGS.output))
+    print(export_checkpoint(config, FLAGS.checkpoint, FLAGS.output, allow_unfinished=FLAGS.allow_unfinished))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def main(argv):
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
     from nli_jax.train.tools import predict_files
-    records = predict_files(config, FLAGS.output, FLAGS.checkpoint, cli.parse_files(FLAGS.input))
+    records = predict_files(config, FLAGS.output, FLAGS.checkpoint, cli.parse_files(FLAGS.input),
+                            allow_unfinished=FLAGS.allow_unfinished)
     print(f"{len(records)} predictions written to {FLAGS.output}/predictions.jsonl")
 
 

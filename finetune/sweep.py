@@ -35,6 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from nli_jax import storage, tables
+from nli_jax.train.cli import CommandLineError
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("finetune.sweep")
@@ -193,11 +194,12 @@ def parse_grid(lrs: list[str], seeds: list[str]) -> tuple[list[float], list[int]
     try:
         lr_values, seed_values = [float(x) for x in lrs], [int(x) for x in seeds]
     except ValueError as e:
-        raise app.UsageError(f"--lrs takes numbers and --seeds integers: {e}")
+        raise CommandLineError(f"--lrs={','.join(lrs)} --seeds={','.join(seeds)}: --lrs takes numbers and --seeds "
+                               f"integers ({e})") from None
     if not lr_values or not seed_values or min(lr_values) <= 0:
-        raise app.UsageError("--lrs needs positive learning rates and --seeds at least one seed")
+        raise CommandLineError("--lrs needs positive learning rates and --seeds at least one seed")
     if len({lr_name(x) for x in lr_values}) < len(lr_values) or len(set(seed_values)) < len(seed_values):
-        raise app.UsageError(f"repeated value in --lrs={lrs} or --seeds={seeds}")
+        raise CommandLineError(f"repeated value in --lrs={lrs} or --seeds={seeds}")
     return lr_values, seed_values
 
 

@@ -198,6 +198,27 @@ def _check_count(path: str, rows, expected: int | None, origin: str) -> None:
                               f"has {expected}")
 
 
+# The official test sets' sizes (IndoNLU paper Table 1; OCNLI's test.json): a submission with
+# another count is not a submission of the benchmark's test set. The command line checks them
+# unless --source (the test files themselves) or --expected_rows says otherwise.
+PUBLISHED_TEST_ROWS = {"emot": 442, "smsa": 500, "casa": 180, "hoasa": 286, "wrete": 100, "posp": 840, "bapos": 1029,
+                       "terma": 1000, "keps": 247, "nergrit": 209, "nerp": 840, "facqa": 311, "ocnli": 3000}
+
+
+def _check_run_task(path: str, task: str) -> None:
+    """The predictions must be a run of this benchmark's task (its results.json / config.json
+    beside predictions.jsonl say which), not another benchmark's."""
+    directory = os.path.dirname(storage.resolve(path))
+    for name in ("results.json", "config.json"):
+        try:
+            found = json.loads(storage.read_text(os.path.join(directory, name))).get("task")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(found, str) and found != task:
+            raise SubmissionError(f"{path}: predictions of task {found!r} ({os.path.join(directory, name)}), not "
+                                  f"{task!r}: a {task} submission is made from a {task} run only")
+
+
 def _results_count(path: str, split: str) -> int | None:
     """splits.<split>.count from the results.json beside predictions.jsonl, if there is one."""
     results = os.path.join(os.path.dirname(storage.resolve(path)), "results.json")
@@ -282,6 +303,7 @@ def indonlu_table(task: str, path: str, *, split: str = "test", source: str | No
     if task not in INDONLU_FORMATS:
         raise SubmissionError(f"unknown IndoNLU task {task!r}; known: {list(INDONLU_FORMATS)}")
     fmt = INDONLU_FORMATS[task]
+    _check_run_task(path, task)
     rows = read_split_rows(path, split)
     words = None
     if source:
@@ -375,6 +397,7 @@ def _integer_id(path: str, line: int, row: dict) -> int:
 def ocnli_lines(path: str, *, split: str = "test", source: str | None = None,
                 expected_rows: int | None = None) -> list[str]:
     """The submission lines (`{"id": 0, "label": "neutral"}`) in test.json order, validated."""
+    _check_run_task(path, "ocnli")
     rows = read_split_rows(path, split)
     if source:
         test_path = os.path.join(source, "test.json") if storage.isdir(source) else source
@@ -442,21 +465,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train_size", default="50k", choices=list(OCNLI_TRAIN_SIZES))
     parser.add_argument("--naming", default="clue", choices=["clue", "ocnli"])
     parser.add_argument("--zip", default=None, help="clue_ocnli: also write this zip")
+    parser.add_argument("--expected_rows", default="", help="task=rows,... (default: the published test sizes "
+                        "unless --source gives the test files)")
     args = parser.parse_args(argv)
     try:
+        expected = {} if args.source else {t: n for t, n in PUBLISHED_TEST_ROWS.items()}
+        for item in filter(None, args.expected_rows.split(",")):
+            name, _, rows = item.partition("=")
+            expected[name.strip()] = int(rows)
         if args.format == "indonlu":
             if not args.runs:
                 parser.error("--format=indonlu needs --runs")
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
             written = indonlu_submission(args.runs, args.output, tasks=tasks, split=args.split, source=args.source,
-                                         seed=args.seed)
+                                         seed=args.seed, expected_rows=expected)
         else:
             if not args.run:
                 parser.error("--format=clue_ocnli needs --run")
             written = [ocnli_submission(args.run, args.output, train_size=args.train_size, naming=args.naming,
-                                        split=args.split, source=args.source, seed=args.seed, zip_path=args.zip)]
+                                        split=args.split, source=args.source, seed=args.seed, zip_path=args.zip,
+                                        expected_rows=expected.get("ocnli"))]
             written += [args.zip] if args.zip else []
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for path in written:

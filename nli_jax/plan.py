@@ -129,6 +129,7 @@ class DataPlan:
     mix_indonli_train: bool = _bool()
     max_train_examples: int = _int(0)
     train_subset: str = _str()  # a file of training example ids (cartography subsets)
+    allow_one_label: bool = _bool()  # train on a split whose examples all carry one label
     workers: int = _int(0)
 
 

@@ -1,20 +1,41 @@
-"""A run's workdir as a unit: its config.json (what identifies the run), and whether it holds
-trained state. The files inside it are owned by the modules that write them: checkpoints/ and
-best/ (nli_jax.train.checkpointing), inputs.json (nli_jax.train.inputs), results.json,
-predictions.jsonl, train.log, metrics.jsonl and tensorboard/ (nli_jax.train.reporting).
+"""A run's workdir as a unit: one run at a time holds it (`lock`), its config.json says what
+the run is, its run.json how far it got (running, interrupted at step N, finished), and whether
+it holds trained state. The other files inside it are owned by the modules that write them:
+checkpoints/ and best/ (nli_jax.train.checkpointing), inputs.json (nli_jax.train.inputs),
+results.json, predictions.jsonl, train.log, metrics.jsonl and tensorboard/
+(nli_jax.train.reporting), dynamics/ and calibration.json (nli_jax.train.dynamics, calibrate).
 
 A workdir holds one config: rerunning it with a config whose keys differ (other than those
 in RESUMABLE_CHANGES) is refused, naming the keys. A key that an older nli-jax did not have is
 no difference when this command gives it the config files' default (the behaviour the older
 run had), so a workdir survives an upgrade that adds keys.
+
+The lock (`.lock` in the workdir) is held for the whole command by process 0: a second command
+on the same workdir is refused in one line naming the holder. Locally it is an flock (the
+kernel releases it when the holder dies, so a killed run's rerun takes over at once); on gs://
+it is an object created only if absent (a generation precondition) and renewed by a lease that
+a killed run's successor takes over once it expires (LEASE_S).
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
+import threading
+import time
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+
+LOCK_FILE = ".lock"
+RUN_STATE_FILE = "run.json"
+# How long a gs:// lock stays valid without renewal (renewed every LEASE_S / 3 while held).
+LEASE_S = float(os.environ.get("NLI_JAX_LOCK_LEASE_S", "300"))
+
+
+class WorkdirLockedError(RunError):
+    """Another command holds the workdir; names it."""
 
 CONFIG_FILE = "config.json"
 UNREADABLE_DIR = "checkpoints_unreadable"
@@ -102,3 +123,213 @@ def has_trained_state(workdir: str) -> bool:
         if any(p.split(".")[0].isdigit() for p in storage.listdir(d)):
             return True
     return storage.isfile(os.path.join(workdir, "results.json"))
+
+
+# --- one run at a time ----------------------------------------------------------------------
+
+def _command() -> str:
+    """This process's command line as typed (`python -m finetune.main ...`)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    program = f"python -m {spec.name}" if spec is not None and spec.name else os.path.basename(sys.argv[0])
+    return " ".join([program, *sys.argv[1:]])[:500]
+
+
+def _holder(purpose: str) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "purpose": purpose, "command": _command(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "expires": time.time() + LEASE_S}
+
+
+def _describe(holder: dict | None) -> str:
+    if not holder:
+        return "another process"
+    return (f"{holder.get('purpose', 'a command')} by pid {holder.get('pid')} on {holder.get('host')} since "
+            f"{holder.get('since')} ({holder.get('command', '')[:200]})")
+
+
+class _LocalLock:
+    """An flock on <workdir>/.lock (released by the kernel when the holder dies)."""
+
+    def __init__(self, path: str, holder: dict):
+        import fcntl
+        self.path = path
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    current = json.loads(os.read(fd, 4096).decode("utf-8") or "null")
+                except ValueError:
+                    current = None
+                os.close(fd)
+                raise WorkdirLockedError(f"{os.path.dirname(path)} is in use: {_describe(current)}. One command "
+                                         f"at a time per workdir: wait for it, or use another directory "
+                                         f"(lock: {path})") from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not a file its last holder removed
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        self.fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(holder).encode("utf-8"))
+
+    def release(self) -> None:
+        import fcntl
+        try:
+            os.remove(self.path)  # before unlocking: a waiter then finds the file gone and retries
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+class _BucketLock:
+    """<workdir>/.lock on GCS: created only if absent; renewed, and taken over once expired,
+    with the object's generation as precondition (no two holders, whatever the timing)."""
+
+    def __init__(self, path: str, holder: dict):
+        from google.api_core import exceptions
+        bucket, _, name = path.split("://", 1)[1].partition("/")
+        self.blob, self.holder, self.path = _client().bucket(bucket).blob(name), holder, path
+        try:
+            self.blob.upload_from_string(json.dumps(holder), if_generation_match=0)
+        except exceptions.PreconditionFailed:
+            self.blob.reload()
+            generation = self.blob.generation
+            try:
+                current = json.loads(self.blob.download_as_bytes(if_generation_match=generation) or b"null")
+            except (ValueError, exceptions.PreconditionFailed, exceptions.NotFound):
+                current = None
+            if current is not None and current.get("expires", 0) > time.time():
+                raise WorkdirLockedError(f"{os.path.dirname(path)} is in use: {_describe(current)}, its lease "
+                                         f"renewed until {time.ctime(current['expires'])}. One command at a time "
+                                         f"per workdir: wait for it, or use another directory (lock: {path})") from None
+            try:  # expired (its holder died): taken over, only if nobody else did first
+                self.blob.upload_from_string(json.dumps(holder), if_generation_match=generation)
+            except exceptions.PreconditionFailed:
+                raise WorkdirLockedError(f"{os.path.dirname(path)} is in use: another command took over its expired "
+                                         f"lock just now (lock: {path})") from None
+            from nli_jax.train.reporting import log
+            log.warning("%s: took over the expired lock of %s", path, _describe(current))
+        self.blob.reload()
+        self.generation = self.blob.generation
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        from google.api_core import exceptions
+        while not self._stop.wait(LEASE_S / 3):
+            self.holder["expires"] = time.time() + LEASE_S
+            try:
+                self.blob.upload_from_string(json.dumps(self.holder), if_generation_match=self.generation)
+                self.blob.reload()
+                self.generation = self.blob.generation
+            except exceptions.PreconditionFailed:
+                from nli_jax.train.reporting import log
+                log.error("%s: the lock was taken over by another command: this one should stop", self.path)
+                return
+            except Exception as e:  # noqa: BLE001 - a transient network error: the next renewal retries
+                from nli_jax.train.reporting import log
+                log.warning("%s: could not renew the lock (%s)", self.path, e)
+
+    def release(self) -> None:
+        from google.api_core import exceptions
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            self.blob.delete(if_generation_match=self.generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            pass
+
+
+def _client():
+    from google.cloud import storage as gcs
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+        return gcs.Client(project="nli-jax", credentials=AnonymousCredentials())
+    return gcs.Client()
+
+
+class lock:  # noqa: N801 - used as a context manager: `with workdir.lock(path, "training"):`
+    """The workdir for this command alone, as long as the block runs: process 0 holds the lock
+    (every process learns whether it got it); a second command is refused in one line."""
+
+    def __init__(self, workdir: str, purpose: str):
+        self.workdir, self.purpose, self._held = storage.resolve(workdir), purpose, None
+
+    def __enter__(self):
+        import jax
+        error = None
+        if jax.process_index() == 0:
+            path = os.path.join(self.workdir, LOCK_FILE)
+            try:
+                if storage.is_remote(path):
+                    self._held = _BucketLock(path, _holder(self.purpose))
+                else:
+                    os.makedirs(self.workdir, exist_ok=True)
+                    self._held = _LocalLock(path, _holder(self.purpose))
+            except WorkdirLockedError as e:
+                error = e
+        if jax.process_count() > 1:
+            import numpy as np
+            from jax.experimental import multihost_utils
+            locked = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+            if not locked and error is None:
+                error = WorkdirLockedError(f"{self.workdir} is in use by another command (process 0 could not lock it)")
+        if error is not None:
+            raise error
+        return self
+
+    def __exit__(self, *exc):
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+
+def refuse_a_run(directory: str, flag: str) -> None:
+    """Tools write only to a directory of their own: not one that holds a training run."""
+    if storage.isfile(os.path.join(directory, CONFIG_FILE)) and (
+            storage.isdir(os.path.join(directory, "checkpoints")) or storage.isdir(os.path.join(directory, "best"))):
+        raise RunError(f"{flag}={directory} holds a training run (config.json and checkpoints): a tool writes to a "
+                       "directory of its own; give another one")
+
+
+# --- how far a run got --------------------------------------------------------------------
+
+def write_state(workdir: str, state: str, **fields) -> None:
+    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved) or "finished", the step
+    and the best step (process 0)."""
+    import jax
+    if jax.process_index() == 0:
+        storage.write_text(os.path.join(workdir, RUN_STATE_FILE),
+                           json.dumps({"state": state, **fields, "updated": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+                                      indent=2))
+
+
+def read_state(workdir: str) -> dict:
+    """How far the run in `workdir` got. A run written before run.json existed is finished when
+    it has results.json. "running" whose lock nobody holds is a run that was killed."""
+    path = os.path.join(workdir, RUN_STATE_FILE)
+    try:
+        state = storage.read_json_object(path)
+    except ValueError as e:
+        raise RunError(f"{path} is unreadable ({e}): not a file nli-jax wrote") from None
+    if state is None:
+        return {"state": "finished" if storage.isfile(os.path.join(workdir, "results.json")) else "unknown"}
+    return state
+
+
+def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkpoint") -> dict:
+    """A tool reads a finished run's parameters unless told otherwise (--allow_unfinished)."""
+    state = read_state(workdir)
+    if state["state"] == "finished" or allow_unfinished:
+        return state
+    where = {"running": f"is still training, or was killed, at step {state.get('step')} of {state.get('total_steps')}",
+             "interrupted": f"was interrupted at step {state.get('step')} of {state.get('total_steps')}",
+             }.get(state["state"], "has not finished (no run.json or results.json)")
+    best = f"; its best parameters so far are from step {state.get('best_step')}" if state.get("best_step") else ""
+    raise RunError(f"{flag}={workdir}: the run {where}{best}. Rerun its command to finish it, or pass "
+                   "--allow_unfinished to use the parameters it has")

@@ -200,6 +200,8 @@ def _assert_same_final_state(workdir, reference):
         np.testing.assert_array_equal(x, y)
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (workdir, reference))
     assert ra["history"] == rb["history"] and ra["splits"] == rb["splits"]
+    # Everything results.json reports survives the interruption, the tokens trained on too.
+    assert ra["train_tokens"] == rb["train_tokens"] and ra["train_tokens"]["real"] > 0
     # Training dynamics: the same records as the uninterrupted run, every example once per epoch.
     records = dynamics_records(workdir)
     assert records == dynamics_records(reference)

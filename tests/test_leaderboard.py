@@ -79,7 +79,12 @@ def _run_cli(*args):
 def test_indonlu_cli_writes_all_twelve_tasks(tmp_path):
     runs, out = str(tmp_path / "runs"), str(tmp_path / "submission")
     expected = _benchmark_workdir(runs, n=7)
-    result = _run_cli("--format=indonlu", f"--runs={runs}", f"--output={out}")
+    # 7 rows per task, not the official test sets' sizes: refused unless said so.
+    refused = _run_cli("--format=indonlu", f"--runs={runs}", f"--output={out}")
+    assert refused.returncode == 1 and "7 test rows" in refused.stderr and "442" in refused.stderr, refused.stderr
+    assert not os.path.exists(out)
+    result = _run_cli("--format=indonlu", f"--runs={runs}", f"--output={out}",
+                      "--expected_rows=" + ",".join(f"{t}=7" for t in lb.INDONLU_TASKS))
     assert result.returncode == 0, result.stderr
     printed = result.stdout.split()
     assert printed == [p for t in lb.INDONLU_TASKS for p in (os.path.join(out, t, "pred.txt"),

@@ -106,7 +106,7 @@ def label_word_pmi(hypotheses: Sequence[Sequence[str]], labels: Sequence[int], *
     from token counts with `smoothing` added to every (word, label) cell of the vocabulary
     (so that rare words cannot reach the top by chance). Each entry: word, pmi, count (in the
     label's hypotheses), total_count and hypothesis_share (the share of the label's hypotheses
-    that contain the word)."""
+    that contain the word). A label with no hypotheses gets no words: there is nothing to rank."""
     counts = collections.defaultdict(lambda: [0] * num_labels)
     containing = collections.defaultdict(lambda: [0] * num_labels)
     hypotheses_per_label = [0] * num_labels
@@ -127,6 +127,8 @@ def label_word_pmi(hypotheses: Sequence[Sequence[str]], labels: Sequence[int], *
             continue
         word_total = total + smoothing * num_labels
         for label in range(num_labels):
+            if not hypotheses_per_label[label]:  # smoothing alone would rank words for it
+                continue
             joint = by_label[label] + smoothing
             if joint <= 0:  # k = 0 and the word never occurs with this label: PMI is -inf
                 continue

@@ -211,7 +211,15 @@ def load_tokenizer(path: str):
                               f"(files: {sorted(vocabularies)}): every word would be {tokenizer.unk_token}")
     if "vocab.txt" in files:
         with open(os.path.join(directory, "vocab.txt"), encoding="utf-8") as f:
-            lines = sum(1 for _ in f)
+            entries = [line.rstrip("\n") for line in f]
+        lines = len(entries)
+        if "Bert" in type(tokenizer).__name__:
+            missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in entries]
+            if missing:
+                raise CheckpointError(f"{directory}/vocab.txt lacks the special token(s) {missing}: a BERT vocabulary "
+                                      "has [PAD], [UNK], [CLS], [SEP] and [MASK] (python -m pretrain.build_vocab "
+                                      "writes them first); without them the tokenizer would add its own ids past the "
+                                      "model's embeddings")
         if len(tokenizer.get_vocab()) != lines:
             raise CheckpointError(f"{directory}/vocab.txt has {lines} entries but the loaded tokenizer has "
                                   f"{len(tokenizer.get_vocab())}")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from nli_jax import storage
 from nli_jax.data import records
-from nli_jax.data.readers import DataError, _open_text, read_csv, read_tsv, require_text, text_lines
+from nli_jax.data.readers import DataError, _open_text, is_blank, read_csv, read_tsv, require_text, text_lines
 
 BASE_URL = "https://raw.githubusercontent.com/IndoNLP/indonlu/master/dataset/"
 SPLIT_PREFIX = {"train": "train_preprocess", "validation": "valid_preprocess", "test": "test_preprocess"}
@@ -63,11 +63,11 @@ def _smsa(path, labelled=True):
     for number, row in read_tsv(path, columns=2 if labelled else None):
         if labelled:
             text, label = row
-            if not text.strip() or not label.strip():
+            if is_blank(text) or is_blank(label):
                 raise DataError(f"{path}:{number}: empty text or label")
         else:
             text, label = row[0], None
-            if len(row) > 2 or not text.strip():
+            if len(row) > 2 or is_blank(text):
                 raise DataError(f"{path}:{number}: expected 'text' or 'text<TAB>label', got {len(row)} columns")
         out.append({"line": number, "text": text, "label": label.strip() if labelled else None})
     return out
@@ -116,17 +116,21 @@ def _tagging(path, labelled=True):
                 out.append({"line": start, "tokens": tokens, "tags": tags})
             tokens, tags, start = [], [], None
             continue
+        fields = line.split("\t")  # tokens may hold spaces, never tabs
+        if len(fields) > 2:
+            raise DataError(f"{path}:{number}: expected 'token<TAB>tag', got {len(fields)} tab-separated fields "
+                            f"({line[:60]!r})")
         if not labelled:
-            token = line.rsplit("\t", 1)[0] if "\t" in line else line
-            if not token:
+            token = fields[0]
+            if is_blank(token):
                 raise DataError(f"{path}:{number}: empty token")
             tokens.append(token)
             start = start or number
             continue
-        if "\t" not in line:
+        if len(fields) != 2:
             raise DataError(f"{path}:{number}: expected 'token<TAB>tag', got {line[:60]!r}")
-        token, tag = line.rsplit("\t", 1)
-        if not tag.strip() or not token:
+        token, tag = fields
+        if is_blank(tag) or is_blank(token):
             raise DataError(f"{path}:{number}: empty token or tag")
         tokens.append(token)
         tags.append(_check_tag(path, number, tag.strip()))
@@ -158,15 +162,15 @@ def _facqa(path, labelled=True):
         question = _literal_list(path, number, row, "question")
         passage = _literal_list(path, number, row, "passage")
         if not labelled:
-            if not question or not passage:
-                raise DataError(f"{path}:{number}: empty question or passage")
+            if not question or not passage or any(is_blank(w) for w in question + passage):
+                raise DataError(f"{path}:{number}: empty question or passage, or an empty word in them")
             out.append({"line": number, "question": question, "tokens": passage, "tags": None})
             continue
         labels = _literal_list(path, number, row, "seq_label")
         if len(passage) != len(labels):
             raise DataError(f"{path}:{number}: passage has {len(passage)} tokens but seq_label has {len(labels)} labels")
-        if not question or not passage:
-            raise DataError(f"{path}:{number}: empty question or passage")
+        if not question or not passage or any(is_blank(w) for w in question + passage):
+            raise DataError(f"{path}:{number}: empty question or passage, or an empty word in them")
         for tag in labels:
             _check_tag(path, number, tag)
         out.append({"line": number, "question": question, "tokens": passage, "tags": labels})

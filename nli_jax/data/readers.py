@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import logging
+import unicodedata
 from typing import Any, Callable, Iterator
 
 from nli_jax import storage
@@ -42,9 +43,35 @@ def recording_reads():
         _recorders.remove(record)
 
 
+def is_blank(text: str) -> bool:
+    """Empty to a reader: only whitespace and invisible format characters (Unicode Z* and Cf:
+    no-break and zero-width spaces, joiners, BOMs). str.strip() keeps the latter."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp", "Cf") for ch in text)
+
+
+def check_regular_file(path: str, what: str = "dataset file") -> None:
+    """A path that is not a regular file (a directory, a FIFO, a device such as /dev/zero, also
+    behind a symlink) is refused before it is read: it would never end or is not data."""
+    if storage.is_remote(path):
+        if not storage.isfile(path):
+            raise FileNotFoundError(f"{what} {path} not found")
+        return
+    import os
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} not found") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "not a regular file")
+        target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise DataError(f"{path}{target} is {kind}, not a regular file: not read")
+
+
 def _open_text(path: str) -> str:
-    if not storage.isfile(path):
-        raise FileNotFoundError(f"dataset file {path} not found")
+    check_regular_file(path)
     raw = storage.read_bytes(path)
     if _recorders:
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
@@ -188,8 +215,9 @@ def require_text(path: str, number: int, row: dict, field: str) -> str:
     value = row[field]
     if not isinstance(value, str):
         raise DataError(f"{path}:{number}: field {field!r} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise DataError(f"{path}:{number}: field {field!r} is empty")
+    if is_blank(value):
+        raise DataError(f"{path}:{number}: field {field!r} is empty" +
+                        ("" if not value else " (only whitespace or invisible characters)"))
     return value
 
 

@@ -103,10 +103,20 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
     shared = os.path.join(data_dir, os.path.relpath(local, local_dir)) if remote else None
     marker = "dataset_info.json"  # uploaded last: its presence in the bucket means complete
 
+    def prepare(builder):
+        try:
+            builder.download_and_prepare()
+        except Exception as e:
+            from nli_jax.errors import disk_full, no_space_left
+            if no_space_left(e):
+                raise disk_full(e, f"the array_record copy of {name}", local_dir,
+                                "the partial copy is rebuilt (or set --config.data.tfds_dir to another disk)") from None
+            raise
+
     def build_once():
         if remote and storage.isfile(os.path.join(shared, marker)):
             return
-        builder.download_and_prepare()
+        prepare(builder)
         if remote:
             for rel in storage.walk_files(local):
                 if rel != marker:
@@ -123,7 +133,7 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
     if remote and not os.path.isfile(os.path.join(local, marker)):
         storage.copytree(shared, local)
     builder = make_builder()
-    builder.download_and_prepare()
+    prepare(builder)
     return {split: RecordSource(builder.as_data_source(split=split)) for split in examples}
 
 

@@ -16,6 +16,8 @@ import json
 import os
 import tempfile
 
+from nli_jax.errors import RunError
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Placeholders of the Twitter normalisation stay whole tokens.
 PLACEHOLDERS = ["<username>", "<hashtag>", "<email>", "<links>"]
@@ -35,6 +37,10 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
         raise FileNotFoundError(f"corpus files not found: {missing}")
     if algorithm not in ("wordpiece", "sentencepiece-bpe"):
         raise ValueError(f"unknown vocabulary algorithm {algorithm!r}; expected wordpiece or sentencepiece-bpe")
+    fixed = len(SPECIAL_TOKENS) + len(PLACEHOLDERS)
+    if vocab_size <= fixed:
+        raise RunError(f"--vocab_size={vocab_size}: not more than the {fixed} special tokens and placeholders "
+                       f"({', '.join(SPECIAL_TOKENS + PLACEHOLDERS)}); a vocabulary needs room for words")
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir) as tmp:
         inputs = sample_lines(files, sample_sentences, os.path.join(tmp, "sample.txt"), seed=seed)
@@ -42,6 +48,10 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
             vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
         else:
             vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
+    if len(vocab) > vocab_size:  # the trainers keep every character of the alphabet whatever the size
+        raise RunError(f"--vocab_size={vocab_size}: the corpus needs at least {len(vocab)} entries ({fixed} special "
+                       f"tokens and placeholders and its alphabet, each character as a word start and a "
+                       f"continuation): ask for {len(vocab)} or more (nothing was written)")
     with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(vocab) + "\n")
     with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:

@@ -120,6 +120,11 @@ class Task(abc.ABC):
         """One JSON-able record per example for predictions.jsonl (none by default)."""
         return []
 
+    def gold_labels(self, example: dict) -> list | None:
+        """The gold labels of an example (one, or one per aspect or word), to tell a degenerate
+        training split (one label throughout); None when the task has no labels to count."""
+        return None
+
     def calibration_inputs(self, examples: list[dict], predictions: dict) -> tuple[np.ndarray, np.ndarray] | None:
         """(logits [n, classes], gold label indices [n]) of a split's labelled predictions, for
         calibration metrics and temperature scaling; None when the task has no such predictions."""

@@ -71,6 +71,9 @@ class ClassificationTask(Task):
         return {"prediction": jnp.argmax(logits, -1), "probabilities": jax.nn.softmax(logits, axis=-1),
                 "logits": logits}
 
+    def gold_labels(self, example):
+        return [self.label_name(example)]
+
     def label_index(self, example) -> int | None:
         """The gold label's index, None for unlabelled input."""
         label = example["label"]
@@ -119,6 +122,9 @@ class MultiAspectTask(Task):
     def predict(self, model, batch):
         logits = sequence_logits(model, batch, deterministic=True)
         return {"prediction": jnp.argmax(logits, -1), "logits": logits}
+
+    def gold_labels(self, example):
+        return list(example["labels"] or [])
 
     def calibration_inputs(self, examples, predictions):
         if not examples or any(e["labels"] is None for e in examples):
@@ -182,6 +188,9 @@ class TaggingTask(Task):
                     "idx": np.int32(example["idx"]), "weight": np.float32(1.0)}
         return encode
 
+    def gold_labels(self, example):
+        return list(example["tags"] or [])
+
     def word_logits(self, model, batch, deterministic):
         logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
         n_words = batch["word_labels"].shape[1]
@@ -198,6 +207,13 @@ class TaggingTask(Task):
 
     def predict(self, model, batch):
         return {"prediction": jnp.argmax(self.word_logits(model, batch, True), -1), "word_mask": batch["word_mask"]}
+
+    def unseen_words(self, examples, predictions) -> tuple[int, int]:
+        """(words the encoding could not see, all words): past data.max_seq_length, or with no
+        sub-token. They are scored as predicted 'O'."""
+        seen = sum(int(np.sum(np.asarray(m) > 0)) for m in predictions["word_mask"])
+        total = sum(len(e["tokens"]) for e in examples)
+        return total - seen, total
 
     def predicted_tags(self, example, prediction, word_mask) -> list[str]:
         """Words the encoding could not see (truncated, or no sub-token) are predicted 'O'."""

@@ -5,6 +5,7 @@ BaPOS, TermA, KEPS, NERGrit, NERP and FacQA."""
 from __future__ import annotations
 
 import itertools
+import logging
 
 import numpy as np
 
@@ -13,6 +14,8 @@ from nli_jax.metrics import conll_scores, precision_recall_f1
 from nli_jax.plan import DataPlan
 from nli_jax.tasks.base import pair_min_length, register, single_min_length
 from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingTask, encode_text
+
+log = logging.getLogger("nli_jax")
 
 
 class _IndoNLUData:
@@ -105,7 +108,12 @@ class WordTask(_IndoNLUData, TaggingTask):
         gold = [e["tags"] for e in examples]
         pred = [self.predicted_tags(e, p, m) for e, p, m in
                 zip(examples, predictions["prediction"], predictions["word_mask"])]
-        return {**conll_scores(gold, pred), "count": len(examples)}
+        unseen, words = self.unseen_words(examples, predictions)
+        if unseen:
+            log.warning("%s %s: %d of %d words (%.1f%%) are past data.max_seq_length=%d tokens (or have no "
+                        "sub-token) and are scored as predicted 'O'", self.name, split, unseen, words,
+                        100 * unseen / words, self.data.max_seq_length)
+        return {**conll_scores(gold, pred), "count": len(examples), "words": words, "words_not_seen": unseen}
 
 
 _CLASSES = {"single": SentenceTask, "pair": SentenceTask, "aspects": AspectTask, "tagging": WordTask, "qa": WordTask}

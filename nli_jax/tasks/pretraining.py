@@ -102,6 +102,12 @@ class Pretraining(Task):
         self.examples_dir = directory
         train = ExampleSource(directory, "train")
         meta = train.meta
+        if len(train) == 0:
+            source = (f"pretrain.corpus={list(p.corpus)}" if not p.examples_dir
+                      else f"pretrain.examples_dir={p.examples_dir}")
+            raise RunError(f"{directory} holds no training examples ({source}): the corpus files are empty, or every "
+                           "document went to the held-out split; prepare the corpus with python -m "
+                           "pretrain.prepare_corpus (one sentence per line, a blank line between documents)")
         if meta["max_seq_length"] != self.data.max_seq_length:
             raise RunError(f"{directory} holds examples of length {meta['max_seq_length']} but data.max_seq_length "
                              f"is {self.data.max_seq_length}: build the phase's examples with that length")

@@ -11,6 +11,7 @@ step) is a no-op.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -20,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from nli_jax import storage
-from nli_jax.errors import RunError
+from nli_jax.errors import RunError, disk_full, no_space_left
 from nli_jax.workdir import UNREADABLE_DIR
 
 log = logging.getLogger("nli_jax")
@@ -81,10 +82,14 @@ class Checkpointer:
         if step in self._saved or step in self.manager.all_steps():
             return False
         self._saved.add(step)
-        return self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(data_iterator),
-            loop=ocp.args.JsonSave(loop)), force=force)
+        loop = json.loads(json.dumps(loop))  # as it is now: the loop goes on changing it while an async save runs
+        try:
+            return self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=grain.checkpoint.CheckpointSave(data_iterator),
+                loop=ocp.args.JsonSave(loop)), force=force)
+        except Exception as e:
+            raise self._full(e, f"the checkpoint of step {step}") if no_space_left(e) else e
 
     def restore_latest(self, abstract_state, data_iterator):
         """(step, state, loop) of the newest intact checkpoint, or None when there is none.
@@ -163,9 +168,19 @@ class Checkpointer:
         after the resume is written again (the loop recomputed it), never an error."""
         if step in self.best.all_steps():
             self.best.delete(step)
-        self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                                     info=ocp.args.JsonSave(info)), force=True)
-        self.best.wait_until_finished()
+        try:
+            self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                         info=ocp.args.JsonSave(info)), force=True)
+            self.best.wait_until_finished()
+        except Exception as e:
+            raise self._full(e, f"the best parameters of step {step} to best/") if no_space_left(e) else e
+
+    def _full(self, error: BaseException, what: str):
+        """The one-line error of a full disk (the step being written is not kept: orbax only
+        exposes finished steps, so the rerun resumes from the newest complete checkpoint)."""
+        steps = self.manager.all_steps()
+        resume = f"it resumes from step {max(steps)}" if steps else "it starts over (no checkpoint was complete)"
+        return disk_full(error, what, os.path.dirname(self.directory), resume)
 
     def prune_best(self, keep_step: int | None) -> None:
         """Leaves only the run's best step in best/ (what evaluate, predict and export read)."""
@@ -220,7 +235,10 @@ class Checkpointer:
         return self.manager.reached_preemption(step)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._full(e, "a checkpoint") if no_space_left(e) else e
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -17,7 +17,14 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from nli_jax.errors import RunError
+
 FLAGS = flags.FLAGS
+
+
+class CommandLineError(RunError, app.UsageError):
+    """A flag value nli-jax cannot use (an --override naming no field, a malformed list): one
+    line, without absl's usage text."""
 
 
 def user_errors() -> tuple[type, ...]:
@@ -134,6 +141,8 @@ def define_tool_flags(checkpoint_help: str) -> None:
                                     lock_config=True)
     flags.DEFINE_string("checkpoint", None, checkpoint_help)
     flags.DEFINE_multi_string("override", [], "config assignment key=value, e.g. data.source=/data/indonli")
+    flags.DEFINE_bool("allow_unfinished", False, "Use the parameters of a run that has not finished (interrupted, "
+                      "killed or still training): its best so far.")
     define_multihost_flags()
 
 
@@ -159,10 +168,10 @@ def apply_overrides(config, assignments) -> None:
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
         if not sep:
-            raise app.UsageError(f"--override {assignment!r}: expected key=value")
+            raise CommandLineError(f"--override {assignment!r}: expected key=value")
         if has_key(config, key) is not True:
             suggestions = close_keys(key, config_keys(config))
-            raise app.UsageError(f"--override {assignment!r}: no config field {key!r}"
+            raise CommandLineError(f"--override {assignment!r}: no config field {key!r}"
                                  + (f"; did you mean {' or '.join(suggestions)}?" if suggestions else ""))
         try:
             value = ast.literal_eval(raw)
@@ -177,10 +186,15 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
     run in `checkpoint` (keys an older nli-jax did not write take the config files' defaults);
     then --override key=value assignments."""
     if config is None:
+        from nli_jax import storage
+        from nli_jax.errors import RunError
         from nli_jax.train.planner import saved_config
+        if not storage.isdir(checkpoint):
+            raise FileNotFoundError(f"--checkpoint={checkpoint}: no such directory")
         config = saved_config(checkpoint)
         if config is None:
-            raise app.UsageError(f"--config is required: {checkpoint} is not a run directory with config.json")
+            raise RunError(f"--checkpoint={checkpoint} is not a run directory (it has no config.json): a Hugging Face "
+                           "directory needs --config=<the task's config file> to say which task it is for")
     else:
         config = config.copy_and_resolve_references()
     apply_overrides(config, overrides)
@@ -196,7 +210,7 @@ def parse_files(assignments) -> dict[str, str]:
         if not sep:
             name, path = os.path.splitext(os.path.basename(item))[0], item
         if name in out:
-            raise app.UsageError(f"input name {name!r} given twice")
+            raise CommandLineError(f"input name {name!r} given twice")
         out[name] = path
     return out
 

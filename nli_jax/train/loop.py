@@ -45,14 +45,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
     """Runs the config (once, or once per entry of `config.seeds`) and returns results.json."""
     plan = planner.build_plan(config)
     planner.check_paths(plan, workdir)
-    if not plan.seeds:
-        return run_one(plan, workdir)
     seed_plans = planner.seed_plans(config, plan)  # every seed's plan checked before any runs
-    per_seed = {seed: run_one(seed_plan, os.path.join(workdir, f"seed_{seed}"))
-                for seed, seed_plan in seed_plans.items()}
-    summary = aggregate_seeds(per_seed)
-    write_json(os.path.join(workdir, "results.json"), summary)
-    return summary
+    with workdir_lib.lock(workdir, "training"):  # one command at a time in a workdir
+        if not plan.seeds:
+            return run_one(plan, workdir)
+        per_seed = {seed: run_one(seed_plan, os.path.join(workdir, f"seed_{seed}"))
+                    for seed, seed_plan in seed_plans.items()}
+        summary = aggregate_seeds(per_seed)
+        write_json(os.path.join(workdir, "results.json"), summary)
+        return summary
 
 
 def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
@@ -96,6 +97,8 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
                                         temperature=results.get("calibration", {}).get("temperature"))
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+    workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=steps.total_steps,
+                            best_step=bookkeeping["best_step"])
     return results
 
 
@@ -121,6 +124,7 @@ def _checked_setup(plan: RunPlan, workdir: str):
         if needed not in run.splits:
             raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
     train_source = training_examples(plan, task, run.splits)
+    planner.check_label_variety(plan, task, train_source)
     steps = planner.step_plan(plan, len(train_source))
     if plan.train.record_dynamics:  # records of another run or task in this workdir: refused now
         dynamics.check_meta(workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)))
@@ -167,11 +171,13 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     step = int(jax.device_get(state["step"]))
     if recorder:
         recorder.start(step)
+    run_state = {"total_steps": steps.total_steps}
+    workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"], **run_state)
     reporter = Reporter(run.workdir, steps.total_steps, step, flops_per_token=_flops_per_token(run, state["params"]),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
-    pending, padding = [], _Padding()
+    pending, padding = [], _Padding(bookkeeping.get("train_tokens"))
     with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption:
         while step < steps.total_steps and not bookkeeping["stopped_early"]:
             local = next(train_iter)
@@ -188,22 +194,27 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
                 best_evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping) or best_evaluation
+            bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
             if step % steps.checkpoint_every == 0 or step == steps.total_steps or bookkeeping["stopped_early"]:
                 recorder and recorder.write(step)  # the records up to a checkpoint, before it
                 ckpt.save(step, state, train_iter, bookkeeping)
+                workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
+                                        **run_state)
             if preemption.reached(step):
                 recorder and recorder.write(step)
                 ckpt.save(step, state, train_iter, bookkeeping, force=True)
                 ckpt.close()
+                workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=bookkeeping["best_step"],
+                                        **run_state)
                 log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
                 raise Preempted(143)
         ckpt.wait()
     ckpt.close()
     reporter.close()
     padding.log()
-    # Tokens the steps computed on (rows x length, padding included) and real ones, for this
-    # process's steps of this invocation (a resumed run counts from its resume).
-    bookkeeping = dict(bookkeeping, steps=step, train_tokens={"computed": padding.padded, "real": padding.real})
+    # Tokens this process's steps computed on (rows x length, padding included) and real ones,
+    # over the whole run (kept in the checkpoints' bookkeeping across resumes).
+    bookkeeping = dict(bookkeeping, steps=step, train_tokens=padding.totals())
     reused = None
     if best_evaluation is not None and best_evaluation[0] == bookkeeping["best_step"]:
         reused = {task.validation_split: best_evaluation[1]}
@@ -326,11 +337,16 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
 
 
 class _Padding:
-    """Tokens the steps computed on against real ones, and a digest of every step's padded
-    length (processes that agree on every step's shape print the same digest)."""
+    """Tokens the steps computed on against real ones (from `restored`, the counts a resumed run
+    had saved), and a digest of this invocation's padded length per step (processes that agree
+    on every step's shape print the same digest)."""
 
-    def __init__(self):
-        self.lengths, self.per_length, self.real, self.padded = hashlib.sha1(), {}, 0, 0
+    def __init__(self, restored: dict | None = None):
+        self.lengths, self.per_length = hashlib.sha1(), {}
+        self.real, self.padded = int((restored or {}).get("real", 0)), int((restored or {}).get("computed", 0))
+
+    def totals(self) -> dict:
+        return {"computed": self.padded, "real": self.real}
 
     def count(self, shape, real_tokens: int) -> None:
         rows, length = (int(n) for n in shape)
@@ -340,7 +356,7 @@ class _Padding:
         self.padded += rows * length
 
     def log(self) -> None:
-        if self.real:
+        if self.per_length and self.real:
             log.info("process %d: padded length per step sha1 %s (%s steps at each length); %.3f padded tokens per "
                      "real token", jax.process_index(), self.lengths.hexdigest()[:12],
                      ", ".join(f"{n}: {c}" for n, c in sorted(self.per_length.items())),

@@ -380,6 +380,7 @@ def check_model_fit(plan: P.RunPlan, task, tokenizer, tokenizer_path: str, encod
 # Above this share of [UNK] among the (non-special) tokens of a sample of training text, the
 # tokenizer does not fit the text: most words would be invisible to the model.
 MAX_UNKNOWN_RATE = 0.5
+WARN_UNKNOWN_RATE = 0.05  # above it, a warning: many words would be invisible to the model
 UNKNOWN_SAMPLE = 256
 
 
@@ -405,11 +406,35 @@ def check_unknown_rate(tokenizer, tokenizer_path: str, source, encode, split: st
         unknown += int((ids == unk).sum())
         total += int(ids.size)
     rate = unknown / max(total, 1)
+    if WARN_UNKNOWN_RATE < rate <= limit:
+        hint = ""
+        lowercase_vocab = sum(t.islower() for t in tokenizer.get_vocab()) > 0.9 * sum(
+            t.isalpha() for t in tokenizer.get_vocab())
+        if lowercase_vocab and not getattr(tokenizer, "do_lower_case", True):
+            hint = ": its vocabulary is lowercase but it does not lowercase the text (do_lower_case false)"
+        log.warning("tokenizer %s maps %.0f%% of the tokens of the first %d %s examples to %s%s", tokenizer_path,
+                    100 * rate, n, split, tokenizer.unk_token, hint)
     if rate > limit:
         raise ConfigValueError(
             f"tokenizer {tokenizer_path} maps {rate:.0%} of the tokens of the first {n} {split} examples to "
             f"{tokenizer.unk_token} (limit {limit:.0%}): it does not fit this text (--config.model.tokenizer)")
     return rate
+
+
+def check_label_variety(plan: P.RunPlan, task, source) -> None:
+    """A training split whose examples all carry one label teaches nothing but that label (a
+    wrong file, a filter gone wrong): refused unless data.allow_one_label."""
+    if plan.data.allow_one_label or len(source) == 0 or task.gold_labels(source[0]) is None:
+        return
+    labels = set()
+    for i in range(len(source)):
+        labels.update(task.gold_labels(source[i]) or ())
+        if len(labels) > 1:
+            return
+    raise ConfigValueError(f"task {plan.task!r}: every one of the {len(source)} training examples has the label "
+                           f"{sorted(labels)[0]!r} if any: the model would learn that label alone (a wrong file or "
+                           f"subset?); check data.source / data.train_subset, or pass "
+                           f"--config.data.allow_one_label=True")
 
 
 # --- 5. the run's length --------------------------------------------------------------------

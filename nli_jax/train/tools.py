@@ -16,7 +16,7 @@ from nli_jax import workdir as workdir_lib
 from nli_jax.checkpoints.hf import read_config
 from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
-from nli_jax.tasks import create_task
+from nli_jax.tasks import Task, create_task
 from nli_jax.train import calibrate
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import planner
@@ -97,6 +97,14 @@ def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, sp
     return run, params
 
 
+def _own_output(output: str, checkpoint: str, flag: str) -> None:
+    """A tool writes to a directory of its own: not the run it reads, nor another run."""
+    if storage.resolve(output) == storage.resolve(checkpoint):
+        raise RunError(f"{flag}={output} is the --checkpoint it reads: a tool never rewrites a run (its config.json "
+                       "and results.json would be replaced); give a directory of its own")
+    workdir_lib.refuse_a_run(output, flag)
+
+
 def _checkpoint_setup(plan, workdir, checkpoint: str, splits=None, need_labels=False):
     """RunSetup and parameters for a checkpoint: a run's best, or a Hugging Face directory's."""
     found = resolve_checkpoint(checkpoint)
@@ -117,12 +125,24 @@ def _hf_label_names(directory: str) -> list[str] | None:
     return None if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) else names
 
 
-def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, str] | None = None) -> dict:
+def _check_checkpoint(checkpoint: str, output: str, flag: str, allow_unfinished: bool, task) -> None:
+    """Before any file is read: the output is the tool's own, and a run's parameters are final."""
+    _own_output(output, checkpoint, flag)
+    if resolve_checkpoint(checkpoint)["kind"] == "run":
+        workdir_lib.require_finished(checkpoint, allow_unfinished)
+    if type(task).read_file is Task.read_file:
+        raise RunError(f"--checkpoint={checkpoint}: task {task.name!r} has no files to evaluate or predict on "
+                       "(a pretraining run: fine-tune its export, <run>/export, with finetune.main)")
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, str] | None = None, *,
+                        allow_unfinished: bool = False) -> dict:
     """Evaluates a run's best parameters (or a Hugging Face checkpoint) on the config's
     eval_splits and on `files` ({split name: path}, in the task's format, labelled), writing
     results.json and predictions.jsonl to `workdir` with the same breakdowns as training."""
     plan = planner.build_plan(config, training=False)
     task = create_task(plan)
+    _check_checkpoint(checkpoint, workdir, "--workdir", allow_unfinished, task)
     files = dict(files or {})
     extra = {}
     for name, path in files.items():  # every file read and validated before any compute
@@ -136,44 +156,51 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
         raise RunError(f"nothing to evaluate: none of eval_splits {list(plan.eval_splits)} is in the data "
                        "and no files were given")
     temperature = calibrate.read_temperature(checkpoint)  # checked before any compute
-    setup_logging(workdir)
-    run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
-    if extra:
-        run.splits = splits
-    results, records = final_evaluation(run, params, eval_splits, temperature=temperature)
-    if temperature is not None:
-        results["calibration"] = {"temperature": temperature, "from": checkpoint}
-    results["checkpoint"] = checkpoint
-    results["files"] = files
-    write_json(os.path.join(workdir, "results.json"), results)
-    write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+    with workdir_lib.lock(workdir, "finetune.evaluate"):
+        setup_logging(workdir)
+        run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
+        if extra:
+            run.splits = splits
+        results, records = final_evaluation(run, params, eval_splits, temperature=temperature)
+        if temperature is not None:
+            results["calibration"] = {"temperature": temperature, "from": checkpoint}
+        results["checkpoint"] = checkpoint
+        results["files"] = files
+        write_json(os.path.join(workdir, "results.json"), results)
+        write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
     return results
 
 
-def export_checkpoint(config, checkpoint: str, output: str) -> str:
+def export_checkpoint(config, checkpoint: str, output: str, *, allow_unfinished: bool = False) -> str:
     """A run's best parameters as a Hugging Face directory with label names and tokenizer."""
     plan = planner.build_plan(config, training=False)
     if resolve_checkpoint(checkpoint)["kind"] != "run":
         raise RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {workdir_lib.CONFIG_FILE})")
+    _check_checkpoint(checkpoint, output, "--output", allow_unfinished, create_task(plan))
     temperature = calibrate.read_temperature(checkpoint)
-    run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
-    return export(run, params, output, temperature=temperature)
+    with workdir_lib.lock(output, "finetune.export"):
+        run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
+        export(run, params, output, temperature=temperature)
+    return output
 
 
-def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str]) -> list[dict]:
+def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str], *,
+                  allow_unfinished: bool = False) -> list[dict]:
     """Predictions with label names for unlabelled input ({name: path}, the task's file format;
     gold fields may be absent), written to <output_dir>/predictions.jsonl (split = name)."""
     plan = planner.build_plan(config, training=False)
     if not files:
         raise RunError("no input files to predict")
     task = create_task(plan)
+    _check_checkpoint(checkpoint, output_dir, "--output", allow_unfinished, task)
     inputs = {name: task.read_file(path, labelled=False) for name, path in files.items()}
     temperature = calibrate.read_temperature(checkpoint)
-    setup_logging(output_dir)
-    run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
-    records = []
-    for name, examples in inputs.items():
-        records.extend(run.predict(params, examples, name, temperature))
-        log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
-    write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
+    with workdir_lib.lock(output_dir, "finetune.predict"):
+        setup_logging(output_dir)
+        run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
+        records = []
+        for name, examples in inputs.items():
+            records.extend(run.predict(params, examples, name, temperature))
+            log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
+        write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
     return records
