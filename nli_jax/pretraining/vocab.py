@@ -121,13 +121,14 @@ def _sentencepiece_bpe(files, vocab_size, lowercase, sample):
         if token and token != "##" and token not in seen:
             vocab.append(token)
             seen.add(token)
-    # WordPiece needs every single character as a word start and as a continuation.
-    for ch in sorted({c for t in vocab for c in t.replace("##", "")}):
-        for token in (ch, "##" + ch):
-            if token not in seen:
-                vocab.append(token)
-                seen.add(token)
-    return vocab
+    # WordPiece needs every single character as a word start and as a continuation; room for them
+    # is made by dropping the last (lowest-scored) multi-character pieces, so the size is kept.
+    fixed = len(SPECIAL_TOKENS) + len(PLACEHOLDERS)
+    characters = sorted({c for t in vocab[fixed:] for c in t.removeprefix("##")})
+    single = {token for ch in characters for token in (ch, "##" + ch)}
+    pieces = [t for t in vocab[fixed:] if t not in single]
+    del pieces[max(0, vocab_size - fixed - len(single)):]
+    return vocab[:fixed] + pieces + [token for ch in characters for token in (ch, "##" + ch)]
 
 
 def load_fast_tokenizer(vocab_dir: str, lowercase: bool | None = None):
