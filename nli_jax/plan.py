@@ -233,6 +233,10 @@ class PretrainPlan:
     heldout_permille: int = _int(1, 999)
     random_token_low: int = _int(0)
     continued: bool = _bool()
+    # ELECTRA (task "electra"): the generator's width as a fraction of the discriminator's (at
+    # most the discriminator's own), and the weight of the discriminator's loss (the paper's 50).
+    generator_fraction: float = _float(0.0, 1.0, low_open=True)
+    discriminator_weight: float = _float(0.0, low_open=True)
 
 
 # --- derived --------------------------------------------------------------------------------

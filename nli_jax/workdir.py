@@ -74,9 +74,12 @@ def flatten(config_json: dict) -> dict:
 
 
 def _defaults() -> dict:
-    """Every key's default, from the config files (the keys all configs share)."""
+    """Every key's default, from the config files: the keys all configs share, and the
+    pretraining configs' own (as the BERT recipe gives them)."""
     from configs import finetune_common
-    return flatten(finetune_common.base_config().to_dict())
+    from configs.pretrain import common
+    return {**flatten(common.pretrain_config("indobert-base", None).to_dict()),
+            **flatten(finetune_common.base_config().to_dict())}
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:

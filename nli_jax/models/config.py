@@ -1,4 +1,4 @@
-"""Encoder configuration shared by BERT, ALBERT and XLM-R/RoBERTa.
+"""Encoder configuration shared by BERT, ALBERT, XLM-R/RoBERTa and ELECTRA.
 
 Field names follow Hugging Face's config.json so that import and export are a direct copy;
 `from_hf_dict` / `to_hf_dict` are the only places that know about the differences.
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from nli_jax.errors import ConfigError  # noqa: F401  (re-exported: nli_jax.models.ConfigError)
 
-MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta")
+MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta", "electra")
 
 # Hugging Face activation names -> ours. "gelu" is the exact erf form; "gelu_new" and
 # "gelu_pytorch_tanh" are the tanh approximation.
@@ -37,7 +37,8 @@ class EncoderConfig:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
-    # ALBERT: factorised embeddings and cross-layer sharing. None means "as hidden_size".
+    # ALBERT and ELECTRA: factorised embeddings (ALBERT also shares layers across depth). None
+    # means "as hidden_size".
     embedding_size: int | None = None
     num_hidden_groups: int = 1
     inner_group_num: int = 1
@@ -72,6 +73,15 @@ class EncoderConfig:
     @property
     def is_roberta(self) -> bool:
         return self.model_type in ("xlm-roberta", "roberta")
+
+    @property
+    def is_electra(self) -> bool:
+        return self.model_type == "electra"
+
+    @property
+    def has_pooler(self) -> bool:
+        """RoBERTa and ELECTRA classify from the first token with a head of their own, no pooler."""
+        return not (self.is_roberta or self.is_electra)
 
     @property
     def embed_dim(self) -> int:
@@ -137,8 +147,9 @@ class EncoderConfig:
         if model_type == "albert":
             kwargs.setdefault("classifier_dropout", d.get("classifier_dropout_prob"))
             kwargs.setdefault("hidden_act", "gelu_new")  # HF AlbertConfig default
-        if model_type != "albert":
+        if model_type not in ("albert", "electra"):
             kwargs.pop("embedding_size", None)
+        if model_type != "albert":
             kwargs.pop("num_hidden_groups", None)
             kwargs.pop("inner_group_num", None)
         if model_type in ("xlm-roberta", "roberta"):
@@ -177,6 +188,8 @@ class EncoderConfig:
                      inner_group_num=self.inner_group_num, classifier_dropout_prob=self.classifier_dropout_rate)
         else:
             d["classifier_dropout"] = self.classifier_dropout
+        if self.is_electra:
+            d["embedding_size"] = self.embed_dim
         if architectures:
             d["architectures"] = list(architectures)
         return d

@@ -51,23 +51,39 @@ class SentenceHead(nnx.Module):
 
 class SequenceClassificationHead(nnx.Module):
     """BERT/ALBERT: dropout -> linear on the pooled [CLS].
-    RoBERTa: dropout -> dense -> tanh -> dropout -> linear on <s> (its own pooler-like dense)."""
+    RoBERTa: dropout -> dense -> tanh -> dropout -> linear on <s> (its own pooler-like dense);
+    ELECTRA the same with GELU instead of tanh (transformers' ElectraClassificationHead)."""
 
     def __init__(self, config: EncoderConfig, num_labels: int, *, rngs: nnx.Rngs):
         self.config = config
         self.dropout = Dropout(config.classifier_dropout_rate, rngs=rngs)
-        self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if config.is_roberta else None
+        own = not config.has_pooler
+        self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if own else None
         self.out = dense(config, config.hidden_size, num_labels, (EMBED, LABELS), rngs=rngs)
+        self.act = activation("gelu") if config.is_electra else jnp.tanh
 
     def __call__(self, first, pooled, *, deterministic: bool):
         """first: each example's first-token hidden state (encoder.first_tokens); pooled: the pooler's output."""
         if self.dense is not None:
             x = self.dropout(first, deterministic=deterministic)
-            x = jnp.tanh(self.dense(x))
+            x = self.act(self.dense(x))
         else:
             x = pooled
         x = self.dropout(x, deterministic=deterministic)
         return self.out(x).astype(jnp.float32)
+
+
+class ReplacedTokenHead(nnx.Module):
+    """ELECTRA's discriminator: dense -> activation -> one logit per token, "was this token
+    replaced?" (transformers' ElectraDiscriminatorPredictions)."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs)
+        self.prediction = dense(config, config.hidden_size, 1, (EMBED, LABELS), rngs=rngs)
+        self.act = activation(config.hidden_act)
+
+    def __call__(self, hidden):
+        return self.prediction(self.act(self.dense(hidden)))[..., 0].astype(jnp.float32)
 
 
 class TokenClassificationHead(nnx.Module):

@@ -11,17 +11,19 @@ from flax import nnx
 from nli_jax.checkpoints.hf import CheckpointError
 from nli_jax.models.config import EncoderConfig
 from nli_jax.models.encoder import Encoder, first_tokens
-from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, SentenceHead, SequenceClassificationHead,
-                                  TokenClassificationHead)
+from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, ReplacedTokenHead, SentenceHead,
+                                  SequenceClassificationHead, TokenClassificationHead)
 from nli_jax.models.pretrained import PretrainedModel
 
 
 class EncoderModel(PretrainedModel):
     hf_base_model = True
 
-    def __init__(self, config: EncoderConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
+    def __init__(self, config: EncoderConfig, *, add_pooler: bool | None = None, rngs: nnx.Rngs):
+        """add_pooler: None = as the family's base model has one (ELECTRA's has none)."""
         self.config = config
-        self.encoder = Encoder(config, add_pooler=add_pooler, rngs=rngs)
+        self.encoder = Encoder(config, add_pooler=not config.is_electra if add_pooler is None else add_pooler,
+                               rngs=rngs)
 
     def head_arguments(self):
         return {"add_pooler": self.encoder.pooler is not None}
@@ -70,8 +72,8 @@ class ForSequenceClassification(PretrainedModel):
     def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
         self.config = config
         self.num_labels = num_labels
-        # RoBERTa's classification head has its own dense layer instead of the pooler.
-        self.encoder = Encoder(config, add_pooler=not config.is_roberta, rngs=rngs)
+        # RoBERTa's and ELECTRA's classification heads have their own dense layer instead of the pooler.
+        self.encoder = Encoder(config, add_pooler=config.has_pooler, rngs=rngs)
         self.classifier = SequenceClassificationHead(config, num_labels, rngs=rngs)
 
     def head_arguments(self):
@@ -125,3 +127,18 @@ class ForMultiAspectClassification(PretrainedModel):
         _, pooled = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
                                  packing=packing)
         return self.classifier(pooled, deterministic=deterministic)
+
+
+class ForReplacedTokenDetection(PretrainedModel):
+    """ELECTRA's discriminator: one logit per token, "was it replaced by the generator?"
+    (transformers' ElectraForPreTraining, which is what an ELECTRA export is)."""
+    hf_suffix = "ForPreTraining"
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.encoder = Encoder(config, add_pooler=False, rngs=rngs)
+        self.discriminator = ReplacedTokenHead(config, rngs=rngs)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
+        hidden, _ = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return self.discriminator(hidden)

@@ -13,6 +13,9 @@ _ALBERT = dict(model_type="albert", hidden_act="gelu", hidden_dropout_prob=0.0, 
                max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30000,
                embedding_size=128, num_hidden_groups=1, inner_group_num=1, classifier_dropout=0.1)
 
+_ELECTRA = dict(model_type="electra", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
+
 PRESETS: dict[str, dict] = {
     "indobert-base": dict(_BERT, num_hidden_layers=12, num_attention_heads=12, hidden_size=768, intermediate_size=3072),
     "indobert-large": dict(_BERT, num_hidden_layers=24, num_attention_heads=16, hidden_size=1024, intermediate_size=4096),
@@ -27,12 +30,19 @@ PRESETS: dict[str, dict] = {
     # The scratch baseline's depth at a width one CPU machine can train on all 12 IndoNLU tasks.
     "scratch-2layer-small": dict(_BERT, num_hidden_layers=2, num_attention_heads=4, hidden_size=256,
                                  intermediate_size=1024),
+    # ELECTRA's discriminators (Clark et al., 2020, Table 6); the base shape with a 30,522 vocabulary.
+    "electra-small": dict(_ELECTRA, num_hidden_layers=12, num_attention_heads=4, hidden_size=256,
+                          intermediate_size=1024, embedding_size=128),
+    "electra-base": dict(_ELECTRA, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
+                         intermediate_size=3072, embedding_size=768),
     # Tiny shapes for CPU tests and the cpu_test configs.
     "tiny-bert": dict(_BERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                       vocab_size=1000, max_position_embeddings=128),
     # tiny-bert with 4 heads of 16, so that tensor:4 shards the attention heads (mesh tests).
     "tiny-bert-4heads": dict(_BERT, num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
                              vocab_size=1000, max_position_embeddings=128),
+    "tiny-electra": dict(_ELECTRA, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
+                         embedding_size=32, vocab_size=1000, max_position_embeddings=128),
     "tiny-albert": dict(_ALBERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                         embedding_size=32, vocab_size=1000, max_position_embeddings=128),
 }

@@ -50,8 +50,8 @@ class PretrainedModel(nnx.Module):
         save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names, extra=extra)
 
 
-_FAMILY = {"bert": "Bert", "albert": "Albert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta"}
-_PREFIX = {"bert": "bert", "albert": "albert", "xlm-roberta": "roberta", "roberta": "roberta"}
+_FAMILY = {"bert": "Bert", "albert": "Albert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta", "electra": "Electra"}
+_PREFIX = {"bert": "bert", "albert": "albert", "xlm-roberta": "roberta", "roberta": "roberta", "electra": "electra"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,8 @@ def _encoder_names(config: EncoderConfig, rest: tuple) -> tuple[str, int]:
                  "token_type": "token_type_embeddings", "norm": "LayerNorm"}[rest[1]]
         return f"embeddings.{table}.{leaf}", 0
     if head == "embedding_projection":
+        if config.is_electra:
+            return f"embeddings_project.{leaf}", kernel_in
         return f"encoder.embedding_hidden_mapping_in.{leaf}", kernel_in
     if head == "pooler":
         return (f"pooler.{leaf}" if config.is_albert else f"pooler.dense.{leaf}"), kernel_in
@@ -103,8 +105,11 @@ def _head_name(config: EncoderConfig, model: "PretrainedModel", rest: tuple) -> 
     leaf = {"kernel": "weight", "bias": "bias", "scale": "weight"}[rest[-1]]
     if rest[0] == "mlm":
         if rest == ("mlm", "bias"):
-            return {"bert": "cls.predictions.bias", "albert": "predictions.bias"}.get(t, "lm_head.bias")
+            return {"bert": "cls.predictions.bias", "albert": "predictions.bias",
+                    "electra": "generator_lm_head.bias"}.get(t, "lm_head.bias")
         module = rest[1]
+        if t == "electra":
+            return {"transform": "generator_predictions.dense", "norm": "generator_predictions.LayerNorm"}[module] + "." + leaf
         if t == "bert":
             return {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm"}[module] + "." + leaf
         if t == "albert":
@@ -116,8 +121,11 @@ def _head_name(config: EncoderConfig, model: "PretrainedModel", rest: tuple) -> 
         if t == "albert":
             return f"sop_classifier.classifier.{leaf}"
         raise hf.CheckpointError(f"{t} has no next-sentence/sentence-order head in transformers")
+    if rest[0] == "discriminator":
+        return {"dense": "discriminator_predictions.dense",
+                "prediction": "discriminator_predictions.dense_prediction"}[rest[1]] + "." + leaf
     if rest[0] == "classifier":
-        if model.hf_roberta_classifier and config.is_roberta:
+        if model.hf_roberta_classifier and not config.has_pooler:
             return {"dense": "classifier.dense", "out": "classifier.out_proj"}[rest[1]] + "." + leaf
         return f"classifier.{leaf}"
     raise KeyError(rest)
@@ -162,9 +170,10 @@ def to_hf(e: Entry, x: np.ndarray) -> np.ndarray:
 
 
 # Buffers and tied copies transformers may have saved; never parameters of ours.
-_IGNORABLE = re.compile(r"(position_ids|token_type_ids|\.decoder\.weight|\.decoder\.bias)$")
+_IGNORABLE = re.compile(r"(position_ids|token_type_ids|\.decoder\.weight|\.decoder\.bias|generator_lm_head\.weight)$")
 # Heads of transformers' task classes: unused when loading into another task's model.
-_HEAD_PREFIXES = ("cls.", "predictions.", "lm_head.", "sop_classifier.", "classifier.", "qa_outputs.")
+_HEAD_PREFIXES = ("cls.", "predictions.", "lm_head.", "sop_classifier.", "classifier.", "qa_outputs.",
+                  "generator_predictions.", "generator_lm_head.", "discriminator_predictions.")
 
 
 def _canonical(config: EncoderConfig, weights: dict) -> dict:
@@ -172,7 +181,7 @@ def _canonical(config: EncoderConfig, weights: dict) -> dict:
     prefix = _PREFIX[config.model_type] + "."
     out = {}
     for k, v in weights.items():
-        if k.startswith(("embeddings.", "encoder.", "pooler.")):
+        if k.startswith(("embeddings.", "embeddings_project.", "encoder.", "pooler.")):
             k = prefix + k
         out[k] = v
     return out

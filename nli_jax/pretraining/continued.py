@@ -25,20 +25,22 @@ def vocabulary_dir(model: ModelPlan) -> str:
     return resolve_directory(path) if path else ""
 
 
-def check_checkpoint(model: ModelPlan, building_examples: bool) -> None:
+def check_checkpoint(model: ModelPlan, building_examples: bool, model_types=CONTINUABLE_MODEL_TYPES,
+                     objective: str = "MLM with an NSP/SOP head, exported as *ForPreTraining") -> None:
     """Refuses, before examples are built or weights read, a model.init pretraining cannot
-    continue: a model_type other than BERT/ALBERT, or (when the examples are built from the
-    corpus here) a tokenizer without the WordPiece vocab.txt the example builder reads."""
+    continue: a model_type other than the objective's (`model_types`: BERT/ALBERT for MLM,
+    ELECTRA for replaced-token detection), or (when the examples are built from the corpus
+    here) a tokenizer without the WordPiece vocab.txt the example builder reads."""
     init = model.init
     if not init:
         return
     from nli_jax.checkpoints.hf import CONFIG_NAME, read_config, resolve_directory
     directory = resolve_directory(init)
     model_type = read_config(directory).get("model_type")
-    if model_type not in CONTINUABLE_MODEL_TYPES:
+    if model_type not in model_types:
         raise RunError(f"--config.model.init={init!r}: {storage.origin(os.path.join(directory, CONFIG_NAME))} has model_type "
-                       f"{model_type!r}; pretraining continues only {' or '.join(CONTINUABLE_MODEL_TYPES)} checkpoints "
-                       "(MLM with an NSP/SOP head, exported as *ForPreTraining)")
+                       f"{model_type!r}; pretraining continues only {' or '.join(model_types)} checkpoints "
+                       f"({objective})")
     if building_examples:
         vocab_dir = vocabulary_dir(model)
         if not os.path.isfile(os.path.join(vocab_dir, "vocab.txt")):

@@ -71,6 +71,11 @@ class Task(abc.ABC):
         mistyped `eval_splits` entry; None when the task cannot tell."""
         return None
 
+    def plan_problems(self, plan) -> list[str]:
+        """What the task itself cannot run with in a checked plan (the planner adds them to its
+        own refusals), e.g. a preset of another model family; [] by default."""
+        return []
+
     def min_seq_length(self, tokenizer) -> tuple[int, str]:
         """(tokens one example needs at the least, what they are): the special tokens of a
         pair plus one token of each text, unless the task says otherwise."""

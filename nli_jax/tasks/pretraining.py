@@ -40,6 +40,9 @@ class Pretraining(Task):
     name = "pretraining"
     primary_metric = "mlm_accuracy"
     validation_split = "heldout"
+    # Checkpoints (model.init) this objective continues, and what it trains them as.
+    continuable_model_types = ("bert", "albert")
+    objective = "MLM with an NSP/SOP head, exported as *ForPreTraining"
 
     def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan):
         super().__init__(data)
@@ -68,7 +71,8 @@ class Pretraining(Task):
     def load(self, workdir=None):
         p = self.pretrain
         directory = p.examples_dir
-        check_checkpoint(self.model, building_examples=not directory)
+        check_checkpoint(self.model, building_examples=not directory, model_types=self.continuable_model_types,
+                         objective=self.objective)
         if not directory:
             if not workdir:
                 raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")

@@ -25,6 +25,7 @@ from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
+from nli_jax.models.encoder import Embeddings, Encoder
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import calibrate, dynamics
@@ -282,11 +283,14 @@ def _resume(ckpt: Checkpointer, state, train_iter):
 
 
 def _flops_per_token(run: RunSetup, params) -> float:
-    """Training FLOPs per token: 6 x (parameters outside the embedding tables) + attention."""
+    """Training FLOPs per token: 6 x (parameters outside the embedding tables) + attention, over every
+    encoder the model holds (ELECTRA's generator and discriminator; their shared embeddings once)."""
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    embedding_params = sum(x.size for _, x in nnx.to_flat_state(nnx.state(run.model.encoder.embeddings, nnx.Param)))
-    c = run.model.config
-    return 6 * (n_params - embedding_params) + 12 * c.num_hidden_layers * c.hidden_size * run.plan.data.max_seq_length
+    modules = [node for _, node in nnx.iter_graph(run.model)]  # each shared module once
+    embedding_params = sum(x.size for m in modules if isinstance(m, Embeddings)
+                           for _, x in nnx.to_flat_state(nnx.state(m, nnx.Param)))
+    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in modules if isinstance(m, Encoder))
+    return 6 * (n_params - embedding_params) + attention * run.plan.data.max_seq_length
 
 
 def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> None:

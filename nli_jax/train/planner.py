@@ -276,6 +276,7 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
         if not model.tokenizer:
             problems.append("--config.model.tokenizer='' and --config.model.init='': a from-scratch model needs "
                             "model.tokenizer (a directory with vocab.txt or tokenizer.json)")
+    problems.extend(task.plan_problems(plan))
     if plan.train.record_dynamics and not task.records_dynamics:
         problems.append(f"--config.train.record_dynamics=True: task {plan.task!r} has no one prediction per example "
                         "to record (training dynamics are for sequence-level tasks: NLI, EmoT, SmSA, WReTE, CASA, "
