@@ -231,9 +231,21 @@ def test_a_tagging_line_with_more_fields_than_token_and_tag_names_the_line(tmp_p
     path = _tagging_file(tmp_path / "train_preprocess.txt", ["budi\tB-PPL", "datang\tO", "", "amos\tB-PPL\tO"])
     with pytest.raises(DataError, match=r"train_preprocess.txt:4: expected 'token<TAB>tag', got 3 tab-separated"):
         indonlu.read_file(indonlu.TASKS["nerp"], path)
-    path = _tagging_file(tmp_path / "t2.txt", ["budi\tB-PPL", "\u200b\tO"])
+    path = _tagging_file(tmp_path / "t2.txt", ["budi\tB-PPL", "\u00a0\u3000\tO"])
     with pytest.raises(DataError, match=r"t2.txt:2: empty token or tag"):
         indonlu.read_file(indonlu.TASKS["nerp"], path)
+    path = _tagging_file(tmp_path / "t3.txt", ["budi\tB-PPL", "\u200b\t\u200b"])
+    with pytest.raises(DataError, match=r"t3.txt:2: empty token or tag"):
+        indonlu.read_file(indonlu.TASKS["nerp"], path)
+
+
+def test_a_zero_width_space_token_is_a_word_of_the_official_data(tmp_path):
+    """POSP and NERP train hold tokens of one zero-width space (tagged SYM / O) that the
+    benchmark counts: they are kept as words, not refused as empty."""
+    from nli_jax.data import indonlu
+    path = _tagging_file(tmp_path / "t.txt", ["budi\tB-PPL", "\u200b\tO", "datang\tO"])
+    (sentence,) = indonlu.read_file(indonlu.TASKS["nerp"], path)
+    assert sentence["tokens"] == ["budi", "\u200b", "datang"] and sentence["tags"] == ["B-PPL", "O", "O"]
 
 
 def test_an_smsa_text_of_a_zero_width_space_is_empty(tmp_path):

@@ -16,7 +16,7 @@ from typing import Callable
 
 from nli_jax import storage
 from nli_jax.data import records
-from nli_jax.data.readers import DataError, _open_text, is_blank, read_csv, read_tsv, require_text, text_lines
+from nli_jax.data.readers import DataError, _open_text, is_blank, is_whitespace, read_csv, read_tsv, require_text, text_lines
 
 BASE_URL = "https://raw.githubusercontent.com/IndoNLP/indonlu/master/dataset/"
 SPLIT_PREFIX = {"train": "train_preprocess", "validation": "valid_preprocess", "test": "test_preprocess"}
@@ -122,7 +122,7 @@ def _tagging(path, labelled=True):
                             f"({line[:60]!r})")
         if not labelled:
             token = fields[0]
-            if is_blank(token):
+            if is_whitespace(token):
                 raise DataError(f"{path}:{number}: empty token")
             tokens.append(token)
             start = start or number
@@ -130,7 +130,7 @@ def _tagging(path, labelled=True):
         if len(fields) != 2:
             raise DataError(f"{path}:{number}: expected 'token<TAB>tag', got {line[:60]!r}")
         token, tag = fields
-        if is_blank(tag) or is_blank(token):
+        if is_blank(tag) or is_whitespace(token):
             raise DataError(f"{path}:{number}: empty token or tag")
         tokens.append(token)
         tags.append(_check_tag(path, number, tag.strip()))
