@@ -79,7 +79,8 @@ def _wait_for(path, proc, seconds=300):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("second", [(), ("--config.optimizer.lr=0.002",)], ids=["same-command", "other-lr"])
+@pytest.mark.parametrize("second", [pytest.param((), marks=pytest.mark.slow), ("--config.optimizer.lr=0.002",)],
+                         ids=["same-command", "other-lr"])
 def test_a_second_command_on_a_workdir_in_use_is_refused_naming_the_holder(tmp_path, second):
     """The same command twice at once trained twice (doubled metrics.jsonl); with another lr the
     second died in orbax. The lock refuses the second before it reads anything."""
@@ -96,6 +97,7 @@ def test_a_second_command_on_a_workdir_in_use_is_refused_naming_the_holder(tmp_p
     assert not (workdir / ".lock").exists()  # released at the end
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_a_killed_runs_rerun_takes_the_workdir_over_at_once(tmp_path):
     workdir = tmp_path / "work"
     first = _start(workdir)
@@ -376,6 +378,7 @@ def test_a_full_disk_while_preparing_the_dataset_cache_is_one_line(tmp_path, mon
         train(tmp_path / "run", *SHORT)
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_predict_on_a_pretraining_run_is_one_line(tmp_path):
     workdir = tmp_path / "pre"
     train(workdir, "train.max_steps=4", "train.eval_every_steps=4", "train.checkpoint_every_steps=4",

@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_mlm_train_step_benchmark_reports_every_side_and_ratio(tmp_path):
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "benchmarks/mlm_train_step.py", "--model", "tiny-bert", "--steps", "1",
@@ -38,6 +39,7 @@ def test_input_pipeline_benchmark_runs_on_the_fixture_corpus(tmp_path):
     assert result["peer_transformers_collator_seq_per_s"] > 0 and "ratio nli-jax / peer" in proc.stdout
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_finetune_vs_transformers_smoke_on_real_indonli(tmp_path, shared_data, minilm_dir):
     indonli = shared_data / "indonli"
     if not (indonli / "train.jsonl").is_file() or not (indonli / "val.jsonl").is_file():

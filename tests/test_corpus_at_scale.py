@@ -42,6 +42,7 @@ def _cli(output_dir, corpus, vocab, *extra):
             f"--output_dir={output_dir}", "--workers=1", *extra]
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_create_examples_killed_then_rerun_keeps_finished_shards_and_matches(corpus, minilm_dir, tmp_path):
     reference = tmp_path / "reference"
     meta = create_examples(corpus, minilm_dir, str(reference), workers=1, progress=False)
@@ -190,6 +191,7 @@ def test_word_cache_encoding_equals_whole_sentences_and_windows_cover_the_shard(
     assert abs(small["counts"]["train"] / whole["counts"]["train"] - 1) < 0.02
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_shard_memory_does_not_grow_with_the_number_of_windows(corpus, minilm_dir, tmp_path):
     """A shard 4x longer (4x the windows) peaks at about the same Python/numpy memory: nothing
     of a finished window is kept but the held-out documents' own tokens. (Held-out sentences

@@ -62,7 +62,8 @@ def _jitted_step(model, lr, accumulation):
     return step, {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
 
 
-@pytest.fixture(params=["preset", "from_pretrained"])
+# The pretrained model (MiniLM, 6 layers) takes tens of seconds per test: with -m slow.
+@pytest.fixture(params=["preset", pytest.param("from_pretrained", marks=pytest.mark.slow)])
 def build(request):
     if request.param == "preset":
         return _preset_model
@@ -156,6 +157,7 @@ def test_mlm_gradient_accumulation_equals_one_big_batch():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # tens of seconds: python -m pytest -m slow
 def test_mlm_accumulated_objective_is_the_global_mean_with_dropout_on():
     """With dropout, masks differ per micro-batch, so compare the jitted accumulated step with the
     BERT objective recomputed from each micro-batch under the same keys: sum of masked-token

@@ -81,6 +81,7 @@ def test_cartography_writes_statistics_data_map_and_subsets(run):
     assert "| hard_to_learn | 100 |" in proc.stdout
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_training_on_a_cartography_subset(run, tmp_path):
     workdir, _ = run
     assert _analyse(workdir).returncode == 0
@@ -143,6 +144,7 @@ def test_dynamics_settings_a_task_cannot_record_are_refused(assignments, message
         build_plan(config_for("indonli_large:cpu_test", *assignments))
 
 
+@pytest.mark.slow  # tens of seconds: python -m pytest -m slow
 def test_every_n_steps_records_the_whole_training_split(tmp_path):
     """One-epoch runs: an evaluation of the training split every N steps, every example each time."""
     _train(tmp_path / "run", "train.record_dynamics=True", "train.dynamics_every_steps=6", "train.num_epochs=1",
@@ -181,6 +183,7 @@ def _tool(module, *args):
                           timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_evaluate_predict_and_export_apply_the_stored_temperature(run, tmp_path):
     workdir, results = run
     temperature = results["calibration"]["temperature"]
@@ -235,6 +238,7 @@ def test_a_damaged_temperature_is_refused_before_compute(run, tmp_path, value):
     assert not (tmp_path / "pred" / "predictions.jsonl").exists()
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_seeds_report_mean_and_std_of_the_calibration_measures(tmp_path):
     results = _train(tmp_path / "seeds", "seeds=(1,2)", "train.max_steps=12")
     for split in ("validation", "test_lay"):

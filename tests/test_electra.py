@@ -189,6 +189,7 @@ def test_electra_small_configs_carry_the_papers_recipe(variant, batch, lr, steps
     assert plan.model.preset == ("tiny-electra" if variant == "cpu_test" else "electra-small")
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_phase_2_starts_from_both_halves_of_phase_1(electra_run, tmp_path):
     """Phase 2 (model.init = phase 1's export) starts from phase 1's final discriminator and
     generator, shared embeddings included."""
@@ -216,6 +217,7 @@ def test_phase_2_starts_from_both_halves_of_phase_1(electra_run, tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == 10
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_the_electra_export_fine_tunes_and_transformers_reads_the_classifier(electra_run, tmp_path):
     """Fine-tuning starts from the discriminator (ElectraForSequenceClassification's head: dense,
     GELU, out_proj, no pooler); the fine-tuned export gives transformers nli-jax's logits."""
@@ -265,6 +267,7 @@ def test_a_generator_larger_than_the_discriminator_is_refused(tmp_path):
     assert "pretrain.generator_fraction" in stderr and "1.5" in stderr
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_an_electra_init_of_another_model_type_is_refused(tmp_path, electra_run):
     bert = tmp_path / "bert"
     _run("pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test", f"--workdir={bert}",
@@ -281,6 +284,7 @@ def test_an_electra_init_of_another_model_type_is_refused(tmp_path, electra_run)
     assert "model_type 'electra'" in stderr
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_a_generator_with_another_vocabulary_is_refused(tmp_path, electra_run):
     import shutil
     export = tmp_path / "export"

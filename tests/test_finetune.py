@@ -210,6 +210,7 @@ def _assert_same_final_state(workdir, reference):
     assert per_epoch == [300] * 11 + [156] and len(records) == 216 * 16
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_sigkill_then_rerun_gives_identical_parameters(tmp_path, uninterrupted):
     code, _ = _start_and_signal(tmp_path, signal.SIGKILL, min_step=40)
     assert code == -signal.SIGKILL
@@ -281,6 +282,7 @@ def test_workdir_of_a_different_config_is_refused(tmp_path):
     assert proc.returncode != 0 and "optimizer.lr: 0.001 -> 0.5" in proc.stderr
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_hypothesis_only_and_seeds(tmp_path):
     run(tmp_path, "--config.seeds=(1,2)", "--config.train.max_steps=6", "--config.eval_splits=('validation',)",
         config=CPU_TEST + ",hypothesis_only")

@@ -174,6 +174,7 @@ def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir, accumulati
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6)
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_the_command_line_trains_on_packed_rows(tmp_path):
     """cpu_test through finetune.main: packing is on by default for IndoNLI and computes on
     fewer padded tokens than the same run with --config.data.packing=False."""

@@ -98,6 +98,7 @@ MESH_SIZES = {"data2_fsdp4": {"fsdp": 4}, "data2_tensor4": {"tensor": 4}, "fsdp2
               "data8": {}}
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_fsdp_and_tensor_meshes_train_like_data_parallel_with_sharded_params_and_moments(tmp_path):
     reports = _run_meshes(tmp_path, MESHES)
     reference = reports["data8"]["losses"]
@@ -222,6 +223,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
     assert (tmp_path / "run" / "results.json").is_file()
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_bucket_padding_benchmark_on_real_indonli(shared_data, minilm_dir):
     """benchmarks/bucket_padding.py: buckets agreed across 2 processes pad exactly as one process
     does, far less than max_seq_length 512 (the script also checks that the processes agree)."""

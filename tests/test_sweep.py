@@ -55,6 +55,7 @@ def csv_rows(workdir):
         return list(csv.reader(f))
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_table_rows_are_numpy_mean_std_over_seeds_and_the_best_lr_is_selected(finished_sweep):
     workdir, _ = finished_sweep
     results = cell_results(workdir)
@@ -85,6 +86,7 @@ def test_table_rows_are_numpy_mean_std_over_seeds_and_the_best_lr_is_selected(fi
     assert f"selected lr: {best} " in (workdir / "table.md").read_text()
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_rerun_skips_finished_cells(finished_sweep):
     workdir, tfds = finished_sweep
     paths = [workdir / f"lr_{lr}" / f"seed_{s}" / "results.json" for lr in ("0.003", "0.0001") for s in (1, 2)]
@@ -98,6 +100,7 @@ def test_rerun_skips_finished_cells(finished_sweep):
     assert (workdir / "table.md").read_text() == table
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_a_failed_cell_is_reported_and_the_others_finish(finished_sweep, tmp_path):
     # The finished 2 x 2 grid extended by lr 1e-3, whose seed 2 directory holds another cell's
     # config: the loop's workdir check refuses it (a real failure, after seed 1 trained).
@@ -221,6 +224,7 @@ def test_benchmark_table_averages_each_seed_then_over_seeds():
     assert cells["EmoT"] == "60.00" and cells["cls avg"] == "60.00" and cells["POSP"] == "90.00"
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_benchmark_seeds_failed_seed_is_reported_not_fatal(shared_data, tmp_path):
     from finetune import indonlu_benchmark as bench
     workdir = tmp_path / "bench"

@@ -149,6 +149,7 @@ def _subset(source_dir, destination, counts):
     return destination
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_real_checkpoint_fine_tuned_on_indonli_exports_to_transformers(shared_data, minilm_dir, tmp_path):
     """A real BERT checkpoint fine-tuned a few steps on real IndoNLI pairs: the export gives
     transformers' BertForSequenceClassification nli-jax's predictions on the validation pairs."""
@@ -186,6 +187,7 @@ def _head_lines(source, destination, n, *, sentences=False):
     return len(lines)
 
 
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
 def test_indonlu_benchmark_writes_the_leaderboard_files_and_predict_matches(shared_data, tmp_path):
     """SmSA and NERP from real files (validation copied as a stand-in test file: the labelled test
     files are not shared): the benchmark writes the submission files, and finetune.predict on the
