@@ -17,13 +17,15 @@
 
     python benchmarks/dynamics_and_calibration_indonli.py --workdir=/tmp/dc
     python benchmarks/dynamics_and_calibration_indonli.py --workdir=/tmp/dc --train_pairs=1000 --epochs=3  # smaller
+
+The cost of recording (3.) compares two whole runs; benchmarks/dynamics_cost.py times the loop's
+own jitted step with and without the per-example outputs, alternating on the same batches.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -33,17 +35,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import machine  # noqa: E402
 LABELS = ("e", "n", "c")
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def minilm_dir() -> str:
@@ -66,12 +60,14 @@ def make_sources(args) -> tuple[str, str, list[str]]:
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "train.jsonl"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in train_rows)
-        shutil.copy(os.path.join(args.data, "indonli", "val.jsonl"), os.path.join(d, "val.jsonl"))
+        val = open(os.path.join(args.data, "indonli", "val.jsonl"), encoding="utf-8").readlines()
+        with open(os.path.join(d, "val.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(val[:args.val_pairs] if args.val_pairs else val)
         if args.indonli_test_dir:
             for split in ("test_lay.jsonl", "test_expert.jsonl"):
                 if os.path.isfile(os.path.join(args.indonli_test_dir, split)):
                     shutil.copy(os.path.join(args.indonli_test_dir, split), os.path.join(d, split))
-        else:
+        elif args.test_pairs:
             with open(os.path.join(d, "test_lay.jsonl"), "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in test)
         sources.append(d)
@@ -82,7 +78,8 @@ def finetune(args, workdir: str, source: str, *extra) -> float:
     """Runs finetune.main (the IndoNLI recipe with MiniLM at this length and batch); its seconds."""
     if os.path.isfile(os.path.join(workdir, "results.json")):
         return float("nan")  # finished earlier: reused
-    splits = "('validation','test_lay','test_expert')" if args.indonli_test_dir else "('validation','test_lay')"
+    splits = ("('validation','test_lay','test_expert')" if args.indonli_test_dir
+              else "('validation','test_lay')" if args.test_pairs else "('validation',)")
     command = [sys.executable, "-m", "finetune.main", "--config=configs/indonli_base.py", f"--workdir={workdir}",
                f"--config.model.init={args.model}", f"--config.data.source={source}",
                f"--config.data.tfds_dir={os.path.join(args.workdir, 'tfds')}",
@@ -109,6 +106,7 @@ def main():
     parser.add_argument("--model", default="", help="Hugging Face BERT directory (default: the installed MiniLM-L6)")
     parser.add_argument("--train_pairs", type=int, default=3000)
     parser.add_argument("--test_pairs", type=int, default=2000, help="held-out training pairs standing in for test_lay")
+    parser.add_argument("--val_pairs", type=int, default=0, help="the first N validation pairs only (0: all 2,197)")
     parser.add_argument("--indonli_test_dir", default="", help="a folder with the real test_lay / test_expert files")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--noise", type=float, default=0.05)
@@ -117,6 +115,7 @@ def main():
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="", help="also write the figures here")
+    parser.add_argument("--no_calibration_run", action="store_true", help="the label-noise run (1.) only")
     args = parser.parse_args()
     args.model = args.model or minilm_dir()
     os.makedirs(args.workdir, exist_ok=True)
@@ -134,27 +133,45 @@ def main():
         share = sum(i in flipped_ids for i in ids) / len(ids)
         regions[region] = {"examples": len(ids), "flipped": sum(i in flipped_ids for i in ids), "flipped_share": share,
                            "enrichment": share / (len(flipped) / args.train_pairs)}
+    # The lowest-confidence examples, as many as were flipped: how many of them were flipped.
+    rows = [json.loads(line) for line in open(os.path.join(noisy_run, "cartography", "cartography.jsonl"),
+                                              encoding="utf-8")]
+    lowest = sorted(rows, key=lambda r: r["confidence"])[:len(flipped)]
+    regions["lowest_confidence_n_flipped"] = {
+        "examples": len(lowest), "flipped": sum(r["id"] in flipped_ids for r in lowest),
+        "flipped_share": sum(r["id"] in flipped_ids for r in lowest) / len(lowest),
+        "enrichment": sum(r["id"] in flipped_ids for r in lowest) / len(lowest) / (len(flipped) / args.train_pairs)}
 
-    clean_run = os.path.join(args.workdir, "clean_calibration")
-    seconds_clean = finetune(args, clean_run, clean)
-    results = json.load(open(os.path.join(clean_run, "results.json"), encoding="utf-8"))
-    calibration = {split: {kind: r["calibration"][kind] for kind in ("raw", "temperature_scaled")}
-                   for split, r in results["splits"].items()}
-    out = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "model": args.model, "train_pairs": args.train_pairs,
+    out = {"machine": machine.describe(), "model": args.model, "train_pairs": args.train_pairs,
            "epochs": args.epochs, "noise": args.noise, "flipped": len(flipped), "seed": args.seed,
            "cartography": regions, "passes": summary["passes"],
-           "accuracy": {split: r["accuracy"] for split, r in results["splits"].items()},
-           "temperature": results["calibration"]["temperature"], "calibration": calibration,
-           "test_lay": "real" if args.indonli_test_dir else f"{args.test_pairs} held-out training pairs",
-           "train_examples_per_s": {"with_dynamics": train_rate(noisy_run), "without": train_rate(clean_run)},
-           "seconds": {"noisy_with_dynamics": seconds_noisy, "clean": seconds_clean}}
-    out["dynamics_cost"] = out["train_examples_per_s"]["with_dynamics"] / out["train_examples_per_s"]["without"]
-    print(f"CPU: {out['cpu']} ({out['cpu_count']} cores); MiniLM-L6, {args.train_pairs} IndoNLI training pairs x "
+           "seconds": {"noisy_with_dynamics": seconds_noisy}}
+    print(f"{machine.line()}; MiniLM-L6, {args.train_pairs} IndoNLI training pairs x "
           f"{args.epochs} epochs, length {args.max_seq_length}, batch {args.batch}")
     print(f"label noise: {len(flipped)} of {args.train_pairs} flipped ({args.noise:.0%})")
     for region, r in regions.items():
         print(f"  {region}: {r['flipped']} flipped of {r['examples']} = {r['flipped_share']:.1%} "
               f"({r['enrichment']:.1f}x the overall share)")
+    if not args.no_calibration_run:
+        out.update(calibration_run(args, clean, noisy_run))
+    path = args.json or os.path.join(args.workdir, "result.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2)
+
+
+def calibration_run(args, clean: str, noisy_run: str) -> dict:
+    """2. and 3.: the clean run's calibration, and the two runs' training rates."""
+    clean_run = os.path.join(args.workdir, "clean_calibration")
+    seconds_clean = finetune(args, clean_run, clean)
+    results = json.load(open(os.path.join(clean_run, "results.json"), encoding="utf-8"))
+    calibration = {split: {kind: r["calibration"][kind] for kind in ("raw", "temperature_scaled")}
+                   for split, r in results["splits"].items()}
+    out = {"accuracy": {split: r["accuracy"] for split, r in results["splits"].items()},
+           "temperature": results["calibration"]["temperature"], "calibration": calibration,
+           "test_lay": "real" if args.indonli_test_dir else f"{args.test_pairs} held-out training pairs",
+           "train_examples_per_s": {"with_dynamics": train_rate(noisy_run), "without": train_rate(clean_run)},
+           "seconds_clean": seconds_clean}
+    out["dynamics_cost"] = out["train_examples_per_s"]["with_dynamics"] / out["train_examples_per_s"]["without"]
     print(f"calibration (clean labels), temperature {out['temperature']:.3f} fitted on validation:")
     for split, c in calibration.items():
         print(f"  {split}: ECE {c['raw']['ece']:.4f} -> {c['temperature_scaled']['ece']:.4f}, NLL {c['raw']['nll']:.4f} "
@@ -163,9 +180,7 @@ def main():
     rates = out["train_examples_per_s"]
     print(f"training examples/s: {rates['with_dynamics']:.1f} with dynamics, {rates['without']:.1f} without "
           f"({out['dynamics_cost']:.3f}x)")
-    path = args.json or os.path.join(args.workdir, "result.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2)
+    return out
 
 
 if __name__ == "__main__":

@@ -68,3 +68,15 @@ def test_finetune_vs_transformers_smoke_on_real_indonli(tmp_path, shared_data, m
     assert (tmp_path / "work" / "runs" / "nli-jax" / "len64_seed1" / "run" / "results.json").is_file()
     assert runs["nli-jax"]["train_compile_s"] > 0
     assert result["nli_jax_commands"]["len64_seed1"].startswith("python -m finetune.main --config=configs/indonli_base.py")
+
+
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
+def test_dynamics_cost_benchmark_times_both_steps(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/dynamics_cost.py", "--model=tiny", "--rounds=2", "--steps=2",
+                           f"--json={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["machine"]["cpu"] and result["ratio_with_over_without"] > 0 and "ratio with / without" in proc.stdout
+    for side in ("with", "without"):
+        assert 0 < result[side]["min_step_s"] <= result[side]["median_step_s"] <= result[side]["max_step_s"]
