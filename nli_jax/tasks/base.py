@@ -41,6 +41,8 @@ def single_min_length(tokenizer) -> tuple[int, str]:
 class Task(abc.ABC):
     name: str = ""
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
+    # Further validation metrics kept at every evaluation (results.json's history, tensorboard).
+    tracked_metrics: tuple[str, ...] = ()
     train_split: str = "train"
     validation_split: str = "validation"
     # Whether training batches may put several examples in one row (data.packing,

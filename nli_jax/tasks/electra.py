@@ -28,6 +28,7 @@ from nli_jax.tasks.pretraining import Pretraining
 class ElectraPretraining(Pretraining):
     name = "electra"
     primary_metric = "replaced_f1"
+    tracked_metrics = ("mlm_accuracy", "rtd_accuracy")  # the generator's MLM, the discriminator's accuracy
     continuable_model_types = ("electra",)
     objective = "ELECTRA's replaced-token detection: its generator and discriminator"
 

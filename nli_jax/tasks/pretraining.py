@@ -39,6 +39,7 @@ def _corpus_files(patterns) -> list[str]:
 class Pretraining(Task):
     name = "pretraining"
     primary_metric = "mlm_accuracy"
+    tracked_metrics = ("mask_input_accuracy", "mask_input_constant_baseline")
     validation_split = "heldout"
     # Checkpoints (model.init) this objective continues, and what it trains them as.
     continuable_model_types = ("bert", "albert")
@@ -147,6 +148,7 @@ class Pretraining(Task):
         p = self.pretrain
         vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
         cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
+        self.mask_id = mask_id  # evaluation tells the predictions made at [MASK] inputs
         cfg = MaskingConfig(max_seq_length=self.data.max_seq_length, max_predictions=p.max_predictions,
                             mask_prob=p.mask_prob, whole_word=p.whole_word, max_ngram=p.max_ngram,
                             vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id, pad_id=pad_id,
@@ -188,6 +190,13 @@ class Pretraining(Task):
         out = self._outputs(model, batch, True)
         hit = (jnp.argmax(out["mlm_logits"], -1) == batch["masked_ids"]) * batch["masked_weights"]
         pred = {"mlm_correct": hit.sum(-1), "mlm_count": batch["masked_weights"].sum(-1)}
+        if getattr(self, "mask_id", None) is not None:
+            # The predictions whose input is [MASK] (80% of them): only context answers these; the
+            # 10% kept tokens are answered by copying the input.
+            at_mask = (jnp.take_along_axis(batch["input_ids"], batch["masked_positions"], axis=1) == self.mask_id
+                       ) & (batch["masked_weights"] > 0)
+            pred.update(mask_correct=(hit * at_mask).sum(-1), mask_count=at_mask.sum(-1).astype(jnp.float32),
+                        mask_targets=jnp.where(at_mask, batch["masked_ids"], -1))
         if "sentence_logits" in out:
             pred["sentence_correct"] = (jnp.argmax(out["sentence_logits"], -1) == batch["sentence_label"]).astype(jnp.float32)
         return pred
@@ -196,6 +205,14 @@ class Pretraining(Task):
         correct = float(np.sum(predictions["mlm_correct"]))
         count = float(np.sum(predictions["mlm_count"]))
         out = {"mlm_accuracy": correct / max(count, 1.0), "masked_tokens": int(count), "count": len(examples)}
+        if "mask_correct" in predictions:
+            masked = float(np.sum(predictions["mask_count"]))
+            targets = np.asarray(predictions["mask_targets"]).ravel()
+            targets = targets[targets >= 0]
+            # The best constant prediction at [MASK] inputs: the most frequent target's share.
+            most_frequent = np.bincount(targets).max() if targets.size else 0
+            out.update(mask_input_accuracy=float(np.sum(predictions["mask_correct"])) / max(masked, 1.0),
+                       mask_input_constant_baseline=float(most_frequent) / max(masked, 1.0))
         if "sentence_correct" in predictions:
             out["sentence_accuracy"] = float(np.mean(predictions["sentence_correct"]))
         return out

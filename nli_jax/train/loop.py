@@ -321,10 +321,11 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
     metric = result[task.primary_metric]
-    reporter.scalars(step, {f"{task.validation_split}/{task.primary_metric}": metric,
-                            f"{task.validation_split}/loss": result["loss"]})
+    tracked = {task.primary_metric: metric, "loss": result["loss"],
+               **{k: result[k] for k in task.tracked_metrics if k in result}}
+    reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
     bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
-                                   task.validation_split: {task.primary_metric: metric, "loss": result["loss"]}})
+                                   task.validation_split: tracked})
     best = None
     if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"]:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
