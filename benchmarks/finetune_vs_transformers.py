@@ -47,7 +47,8 @@ buckets, so that it compiles a few shapes; transformers pads each batch to its l
 padded_tokens_per_example reports what each side's training steps computed on (rows x length
 per example; --buckets=... passes another --config.data.buckets to nli-jax, --no_packing turns
 packing off). Both subprocesses get JAX_PLATFORMS=cpu unless it is set. nli-jax compiles from
-cold in every run: JAX_COMPILATION_CACHE_DIR is removed from its environment, so no run reuses
+cold in every run: JAX_COMPILATION_CACHE_DIR is removed from its environment and
+--compilation_cache= turns the persistent cache off, so no run reuses
 an earlier one's programs.
 """
 from __future__ import annotations
@@ -69,6 +70,9 @@ DEFAULT_DATA = os.path.join(SHARED_DATA, "indonli")
 SIDES = ("nli-jax", "transformers")
 LABELS = {"e": 0, "n": 1, "c": 2}  # nli_jax.data.nli: entailment, neutral, contradiction
 
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
 
 def default_model() -> str:
     try:
@@ -161,6 +165,7 @@ def nli_jax_flags(spec: dict) -> list[str]:
         "--config.train.early_stopping_patience=0",
         f"--config.train.eval_every_steps={steps}",  # one evaluation, at the end
         f"--workdir={spec['run_dir']}",
+        "--compilation_cache=",  # compiled from cold in every run (the persistent cache off)
     ]
     if spec.get("no_packing"):
         flags.insert(5, "--config.data.packing=False")
@@ -468,6 +473,7 @@ def main():
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
 
     if args._worker:
         spec = json.loads(args._spec)
@@ -540,7 +546,7 @@ def main():
                      "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
                      "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir,
                      "nli_jax_packing": not args.no_packing},
-        "environment": {"cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+        "environment": {"cpu_count": os.cpu_count(), "machine": machine.describe(),
                         "python": platform.python_version(), **versions},
         "timing": "wall clock per phase; train includes tokenisation (and compilation for nli-jax: train_compile_s); "
                   "end_to_end_s is the whole subprocess",

@@ -26,6 +26,9 @@ sys.path.insert(0, REPO)
 DEFAULT_CORPUS = os.path.join(REPO, "..", "shared", "data", "id_corpus_sample", "*.txt")
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default=DEFAULT_CORPUS)
@@ -36,6 +39,7 @@ def main():
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
 
     files = sorted(glob.glob(args.corpus))
     if not files:

@@ -29,6 +29,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def batches(seed, steps, batch, length, vocab):
     rng = np.random.default_rng(seed)
     for _ in range(steps):
@@ -99,6 +102,7 @@ def main():
     parser.add_argument("--vocab", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     t = time.time()

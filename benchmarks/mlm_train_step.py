@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -60,6 +59,9 @@ from nli_jax.train.steps import check_dropout_streams  # noqa: E402
 
 SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
 
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
 
 def make_batch(vocab, batch, length, predictions, seed=0):
     rng = np.random.default_rng(seed)
@@ -180,6 +182,7 @@ def main():
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or set(sides) - set(SIDES):
         parser.error(f"--sides: expected some of {', '.join(SIDES)}, got {args.sides!r}")
@@ -215,7 +218,7 @@ def main():
     tokens = args.batch * args.seq
     result = {"model": args.model, "batch": args.batch, "seq": args.seq, "max_predictions": args.predictions,
               "optimizer": dataclasses.asdict(plan.optimizer), "rounds": args.rounds, "steps_per_round": args.steps,
-              "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+              "cpu_count": os.cpu_count(), "machine": machine.describe(),
               "jax": jax.__version__, "torch": torch.__version__ if torch else None,
               "torch_threads": torch.get_num_threads() if torch else None,
               "nli_jax_step": "nli_jax.train.loop.initial_state_and_step (make_train_step), pretraining task, "

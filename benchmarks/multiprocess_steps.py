@@ -20,6 +20,9 @@ import sys
 import tempfile
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,6 +62,7 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=1, help="CPU devices per process")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     rates = [run(args.repo, args.steps, args.log_every, args.processes, args.devices) for _ in range(args.repeats)]
     print(f"{args.repo}: {args.processes} processes x {args.devices} CPU device(s), {args.steps} steps: "
           f"{' '.join(f'{r:.1f}' for r in rates)} steps/s (median of log intervals)")

@@ -21,6 +21,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
@@ -44,6 +47,7 @@ def main():
     parser.add_argument("--sentence_task", default="nsp", choices=("nsp", "none"))
     parser.add_argument("--steps", type=int, default=0, help="pretraining steps (default: from --pretrain_minutes)")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     from absl import flags
     flags.FLAGS.mark_as_parsed()
     from absl import logging as absl_logging

@@ -27,6 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def context_check(model, tokenizer, lines, seed=0):
     import jax.numpy as jnp
     enc = tokenizer(lines, padding="max_length", truncation=True, max_length=64, return_tensors="np")
@@ -73,6 +76,7 @@ def main():
     parser.add_argument("--baseline", default="", help="a Hugging Face directory to compare with (default: random init)")
     parser.add_argument("--tasks", default="emot,smsa")
     args = parser.parse_args()
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import f1_score
 

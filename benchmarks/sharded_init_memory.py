@@ -51,6 +51,9 @@ print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_ma
 """
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+import machine  # noqa: E402
+
 def measure(preset: str, shape: dict, devices: int, how: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
@@ -68,6 +71,7 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--data_sharded", action="store_true", help="also data=N with sharded init (much memory)")
     args = parser.parse_args(argv)
+    print(machine.line(), flush=True)  # ratios differ between CPUs
     n = args.devices
     cases = [(f"fsdp={n}, sharded init", {"data": 1, "fsdp": n}, "sharded"),
              (f"data={n}, host init then placed", {"data": n}, "host"),

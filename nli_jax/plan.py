@@ -183,7 +183,7 @@ class OptimizerPlan:
 @dataclasses.dataclass(frozen=True)
 class TrainPlan:
     """`config.train`: the run's length, batch, seed and intervals as configured."""
-    seed: int = _int(0)
+    seed: int = _int(0, 2**32 - 1)  # an input of the compiled train step (uint32)
     batch_size: int = _int(1)
     eval_batch_size: int = _int(1)
     accumulation_steps: int = _int(1)

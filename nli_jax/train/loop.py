@@ -13,6 +13,7 @@ predictions.jsonl.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -28,7 +29,7 @@ from nli_jax.errors import RunError
 from nli_jax.models.encoder import Embeddings, Encoder
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
-from nli_jax.train import calibrate, dynamics
+from nli_jax.train import calibrate, compilation, dynamics
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import planner
@@ -78,6 +79,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     """One run: set up and checked before anything is written, trained (or resumed), its best
     parameters evaluated on every split; returns (and writes) results.json."""
     setup_logging(workdir)
+    compiled_before = compilation.totals()
     run, steps, train_source, inputs = _checked_setup(plan, workdir)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
@@ -90,7 +92,9 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
                                     dict(results["calibration"], best_step=bookkeeping["best_step"]))
     results.update(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"],
                    stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
-                   train_tokens=bookkeeping["train_tokens"])
+                   train_tokens=bookkeeping["train_tokens"], compilation=compilation.since(compiled_before))
+    log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
+             results["compilation"])
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
@@ -157,13 +161,14 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     task, plan = run.task, run.plan
     if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
         run.splits = dict(run.splits, train=train_source)
-    tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps,
-                                  steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps)
+    tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
+                                  warmup_steps=steps.warmup_steps, unit_peak=True)
     recorder = (dynamics.Recorder(run.workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)),
                                   global_batch=plan.batch.global_batch, every_steps=plan.train.dynamics_every_steps)
                 if plan.train.record_dynamics else None)
     state, train_step = initial_state_and_step(run.graphdef, run.rest, run.params, run.param_shardings, run.mesh,
                                                run.batch_sharding, task, tx, schedule, seed=plan.seed,
+                                               lr_factor=plan.optimizer.lr,
                                                accumulation=plan.batch.accumulation,
                                                per_example=bool(recorder and not recorder.every_steps))
     train_iter = iter(_train_batches(run, train_source))
@@ -223,10 +228,12 @@ def train(run: RunSetup, steps: StepPlan, train_source):
 
 
 def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx, schedule, *,
-                           seed: int, accumulation: int, per_example: bool = False):
+                           seed: int, accumulation: int, per_example: bool = False, lr_factor: float = 1.0):
     """The train state {params, opt_state, step} in its shardings, and the jitted train step
     (state donated; `per_example`: its metrics hold the examples' outcomes, for training
-    dynamics). The loop's own; benchmarks/mlm_train_step.py times it."""
+    dynamics). The seed and `lr_factor` (the peak learning rate, for a tx made with
+    make_optimizer(unit_peak=True)) are inputs of the compiled step, not constants: runs that
+    differ only in them share its program. The loop's own; benchmarks/mlm_train_step.py times it."""
     replicated = mesh_lib.replicated(mesh)
     # Moments follow their parameter's sharding; counts and other scalars are replicated.
     opt_shardings = optax.tree_map_params(
@@ -235,11 +242,17 @@ def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    train_step = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=seed,
-                                         accumulation_steps=accumulation, per_example=per_example),
-                         in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
-                         donate_argnums=(0,))
-    return state, train_step
+    compiled = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=None,
+                                       accumulation_steps=accumulation, per_example=per_example),
+                       in_shardings=(state_shardings, batch_sharding, replicated),
+                       out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    run_values = {"seed": mesh_lib.put_global(np.uint32(seed), replicated),
+                  "lr": mesh_lib.put_global(np.float32(lr_factor), replicated)}
+    return state, functools.partial(_bound_step, compiled, run_values)
+
+
+def _bound_step(compiled, run_values, state, batch):
+    return compiled(state, batch, run_values)
 
 
 def _train_batches(run: RunSetup, train_source):

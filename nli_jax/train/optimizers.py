@@ -9,6 +9,8 @@ and exponential per epoch (IndoNLU: lr * gamma ** epoch, gamma 0.9).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import optax
 
@@ -43,8 +45,14 @@ def learning_rate_schedule(opt: OptimizerPlan, *, total_steps: int, steps_per_ep
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
 
 
-def make_optimizer(opt: OptimizerPlan, *, total_steps: int, steps_per_epoch: int, warmup_steps: int):
-    """(optax transformation, schedule) of the plan's optimizer over a run of `total_steps`."""
+def make_optimizer(opt: OptimizerPlan, *, total_steps: int, steps_per_epoch: int, warmup_steps: int,
+                   unit_peak: bool = False):
+    """(optax transformation, schedule) of the plan's optimizer over a run of `total_steps`.
+    `unit_peak`: the schedule's peak is 1 and the caller scales the updates by `opt.lr` (the
+    learning rate is applied last by adam, adamw and lamb alike), so that runs differing only in
+    learning rate (a sweep's cells) share one compiled train step."""
+    if unit_peak:
+        opt = dataclasses.replace(opt, lr=1.0, end_lr=float(opt.end_lr) / float(opt.lr))
     schedule = learning_rate_schedule(opt, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
                                       warmup_steps=warmup_steps)
     b1, b2, eps, wd = float(opt.b1), float(opt.b2), float(opt.eps), float(opt.weight_decay)

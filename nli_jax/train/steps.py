@@ -31,12 +31,16 @@ def check_dropout_streams(model) -> None:
                          f"every step (first: {frozen[0]}); build the model with nli_jax.models.make_rngs(seed)")
 
 
-def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulation_steps: int = 1,
+def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, accumulation_steps: int = 1,
                     per_example: bool = False):
     """The jitted-to-be train step (state, batch) -> (state, metric sums). `per_example`: the
     metrics also hold the task's per-example outcomes of this step's forward pass (with the
-    batch's idx and weight), for training dynamics; otherwise XLA drops their computation."""
-    base_key = jax.random.key(seed, impl="rbg")
+    batch's idx and weight), for training dynamics; otherwise XLA drops their computation.
+
+    `seed=None`: the step is (state, batch, run_values) -> ..., with run_values {"seed": the
+    dropout seed, "lr": a factor of the updates and of `schedule`} as inputs rather than
+    constants of the program, so that seeds and learning rates of a sweep compile it once (and
+    the persistent compilation cache serves every cell)."""
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
     def loss_and_grads(params, batch, key):
@@ -50,7 +54,11 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
         (loss_sum, (weight, sums, outcomes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return grads, {"loss_sum": loss_sum, "weight": weight, **sums}, outcomes
 
-    def train_step(state, batch):
+    def train_step(state, batch, run_values=None):
+        if run_values is None:
+            base_key, lr_factor = jax.random.key(seed, impl="rbg"), None
+        else:
+            base_key, lr_factor = jax.random.key(run_values["seed"], impl="rbg"), run_values["lr"]
         params = state["params"]
         step_key = jax.random.fold_in(base_key, state["step"])
         # Denominators of losses that are means over something other than examples (MLM: masked
@@ -76,8 +84,11 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int, accumulati
         # Mean over the weighted examples of the whole global batch.
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
+        lr = schedule(state["step"])
+        if lr_factor is not None:
+            updates, lr = jax.tree.map(lambda u: u * lr_factor.astype(u.dtype), updates), lr * lr_factor
         new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "step": state["step"] + 1}
-        metrics = {**sums, "grad_norm": optax.tree.norm(grads), "lr": schedule(state["step"])}
+        metrics = {**sums, "grad_norm": optax.tree.norm(grads), "lr": lr}
         if per_example:
             metrics[PER_EXAMPLE] = {**outcomes, "idx": batch["idx"], "weight": batch["weight"]}
         return new_state, metrics
