@@ -24,6 +24,7 @@ from benchmarks.finetune_vs_transformers import default_model  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def epoch_padding(source, encode, batching, *, batch_size: int, processes: int, lengths, seed: int = 0):
     """(real tokens, padded tokens, steps per length) over one epoch, all processes together."""
     from nli_jax.data import pipeline

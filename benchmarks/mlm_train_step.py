@@ -63,6 +63,7 @@ SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def make_batch(vocab, batch, length, predictions, seed=0):
     rng = np.random.default_rng(seed)
     ids = rng.integers(min(1000, vocab // 2), vocab, (batch, length)).astype(np.int32)

@@ -24,6 +24,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
@@ -58,7 +59,7 @@ def main():
     from nli_jax.models.presets import PRESETS
     from nli_jax.pretraining.corpus import prepare_corpus
     from nli_jax.pretraining.vocab import train_vocabulary
-    from nli_jax.train import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
 
     files = sorted(glob.glob(os.path.join(args.data, "id_corpus_sample", "*.txt")))
     if not files:

@@ -30,6 +30,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def context_check(model, tokenizer, lines, seed=0):
     import jax.numpy as jnp
     enc = tokenizer(lines, padding="max_length", truncation=True, max_length=64, return_tensors="np")

@@ -54,6 +54,7 @@ print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_ma
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 
+
 def measure(preset: str, shape: dict, devices: int, how: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)

@@ -80,3 +80,16 @@ def test_dynamics_cost_benchmark_times_both_steps(tmp_path):
     assert result["machine"]["cpu"] and result["ratio_with_over_without"] > 0 and "ratio with / without" in proc.stdout
     for side in ("with", "without"):
         assert 0 < result[side]["min_step_s"] <= result[side]["median_step_s"] <= result[side]["max_step_s"]
+
+
+@pytest.mark.slow  # three cpu_test fine-tunings: a minute
+def test_compilation_cache_benchmark_reads_the_rerun_and_the_next_cell_from_the_cache(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/compilation_cache.py", "--cpu_test", f"--workdir={tmp_path / 'w'}",
+                           f"--json={out}"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert proc.stdout.startswith("CPU: ") and runs["cold"]["cache_hits"] == 0 and runs["cold"]["programs"] > 0
+    for name in ("rerun", "next_sweep_cell"):
+        assert runs[name]["cache_hits"] >= runs[name]["programs"] - 1, runs
+        assert runs[name]["seconds"] < 0.25 * runs["cold"]["seconds"], runs
