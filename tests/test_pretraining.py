@@ -439,3 +439,31 @@ def test_mlm_leaves_its_plateau_as_transformers_does():
     for step, ours, theirs in rows:
         assert abs(ours - theirs) < 0.1, (step, ours, theirs)
     assert rows[0][1] > 7.0 and rows[-1][1] < 4.5 and rows[-1][2] < 4.5, rows
+
+
+def test_the_cpu_learn_variant_carries_the_measured_recipe():
+    """configs/pretrain/*:cpu_learn is the recipe benchmarks/pretrain_recipe_search.py measured
+    leaving the plateau (accuracy at [MASK] inputs 1.25x -> 6.5x the constant between steps 3,000 and 4,000)."""
+    from configs.pretrain import indobert_base, indobert_lite_base
+    c = indobert_base.get_config("cpu_learn")
+    o = c.model.overrides
+    assert (o.hidden_size, o.num_hidden_layers, o.num_attention_heads, o.hidden_dropout_prob) == (128, 2, 2, 0.0)
+    assert (c.data.max_seq_length, c.pretrain.max_predictions, c.pretrain.sentence_task) == (32, 5, "none")
+    assert (c.train.batch_size, c.train.max_steps, c.model.dtype) == (64, 10_000, "float32")
+    opt = c.optimizer
+    assert (opt.name, opt.lr, opt.warmup_steps, opt.schedule, opt.b2) == ("adamw", 1e-3, 1000, "constant", 0.98)
+    for bad in ((indobert_base, "cpu_learn,phase=2"), (indobert_lite_base, "cpu_learn")):
+        with pytest.raises(ValueError, match="cpu_learn is a phase-1 BERT recipe"):
+            bad[0].get_config(bad[1])
+
+
+@pytest.mark.slow  # a short command-line run of the variant: tens of seconds
+def test_the_cpu_learn_variant_runs_from_the_command_line(tmp_path):
+    from nli_jax.data import fixture_path
+    _pretrain(tmp_path / "run", f"--config.model.tokenizer={fixture_path('tiny_wordpiece')}",
+              f"--config.pretrain.corpus=('{fixture_path('corpus_tiny')}/*.txt',)", "--config.train.max_steps=20",
+              "--config.train.eval_every_steps=20", "--config.train.checkpoint_every_steps=20",
+              "--config.optimizer.warmup_steps=5", "--config.pretrain.heldout_permille=100",
+              "--config.pretrain.heldout_examples=50", config="configs/pretrain/indobert_base.py:cpu_learn")
+    heldout = json.loads((tmp_path / "run" / "results.json").read_text())["splits"]["heldout"]
+    assert heldout["mask_input_constant_baseline"] > 0 and (tmp_path / "run" / "export" / "config.json").is_file()
