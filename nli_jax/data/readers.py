@@ -46,14 +46,18 @@ def recording_reads():
 def is_blank(text: str) -> bool:
     """Empty to a reader: only whitespace and invisible format characters (Unicode Z* and Cf:
     no-break and zero-width spaces, joiners, BOMs). str.strip() keeps the latter."""
-    return all(ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp", "Cf") for ch in text)
+    return all(_is_space(ch) or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def is_whitespace(text: str) -> bool:
     """Empty or only whitespace (Unicode Z* included), format characters excepted: a tagging
     token of a zero-width space is a word of the official data (POSP and NERP train hold 7 each,
     tagged SYM / O, and the benchmark's counts include them)."""
-    return all(ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp") for ch in text)
+    return all(_is_space(ch) for ch in text)
+
+
+def _is_space(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp")
 
 
 def check_regular_file(path: str, what: str = "dataset file") -> None:

@@ -73,8 +73,7 @@ def configure_cache(directory: str | None) -> str | None:
     else:
         from nli_jax import storage
         directory = storage.resolve(directory)
-        if not storage.is_remote(directory):
-            os.makedirs(directory, exist_ok=True)
+        storage.makedirs(directory)
         jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
