@@ -257,6 +257,9 @@ class BatchPlan:
     # per example from its first token), in this many groups per process: one group per
     # data-parallel shard and micro-batch, so an example and its row share a device. 0: padded.
     packing_groups: int
+    # Evaluation batches packed likewise (data.packing), one group per data-parallel device,
+    # each of local_eval_batch / groups rows (pipeline.packed_eval_batches). 0: padded.
+    eval_packing_groups: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

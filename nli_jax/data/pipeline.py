@@ -9,6 +9,7 @@ batches are padded with weight-0 rows so every process runs the same number of s
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import threading
 from typing import Callable, ClassVar, Iterator, Sequence
@@ -60,6 +61,11 @@ def packed_shape(lengths: Sequence[int], *, groups: int, buckets: Sequence[int])
     return _rounded_rows(needed, per_group), capacity
 
 
+# Packed evaluation rows are at least this long (or the longest bucket, if shorter), so that
+# short examples share rows.
+EVAL_PACKED_MIN_LENGTH = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class Batching:
     """How encoded rows become a batch, for training and for evaluation: the one object the
@@ -68,11 +74,15 @@ class Batching:
 
     `pad`: fields with a pad value (token fields) are padded to the smallest of `buckets` that
     holds the longest row, so a run compiles one step per bucket instead of one per length.
-    `pack` (training, when `packing_groups` > 0): several examples per row, each attending to
-    itself only, packed in `packing_groups` groups per process."""
+    `pack` (training, when `packing_groups` > 0; evaluation, when `eval_packing_groups` > 0):
+    several examples per row, each attending to itself only, in that many groups per process.
+    `per_example_fields`: fields with a pad value that stay one row per example when packed
+    (tagging's word alignment and word labels), padded to the rows' length."""
     buckets: tuple[int, ...]
     pad_values: tuple[tuple[str, int], ...]
     packing_groups: int = 0
+    eval_packing_groups: int = 0
+    per_example_fields: tuple[str, ...] = ()
     random: ClassVar[bool] = False  # whether batches draw random numbers (MLM masking)
 
     @property
@@ -128,20 +138,32 @@ class Batching:
         flattened; the other fields (label, weight, idx) stay one per example, in order.
         `global_lengths`: the example lengths of the whole global batch when other processes hold
         the rest of it; every process then uses the same row count and length."""
-        groups, pad_values = max(1, self.packing_groups), dict(self.pad_values)
+        groups = max(1, self.packing_groups)
         per_group = len(rows) // groups
         if per_group * groups != len(rows):
             raise ValueError(f"{len(rows)} examples do not split into {groups} packing groups")
         lengths = [len(r["input_ids"]) for r in rows]
         capacity = bucket_length(self.buckets, max(lengths) if global_lengths is None else int(np.max(global_lengths)))
-        group_bins = [first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity) for g in range(groups)]
+        group_bins = [[sorted(b) for b in first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity)]
+                      for g in range(groups)]
         if global_lengths is None:
             rows_per_group = _rounded_rows(max(len(bins) for bins in group_bins), per_group)
         else:  # every other process's groups too
             rows_per_group, _ = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
                                              buckets=self.buckets)
+        return self.assemble(rows, group_bins, rows_per_group=rows_per_group, capacity=capacity)
+
+    def assemble(self, rows: Sequence[dict], group_bins: list[list[list[int]]], *, rows_per_group: int,
+                 capacity: int) -> dict:
+        """The packed batch of `rows` (len(group_bins) equal groups of examples, in order) with
+        each group's rows as `group_bins` says: bin b of group g lists the positions (in the
+        group) of the examples in its row b, in the order they are laid out. Examples in no bin
+        (evaluation's weight-0 fillers) point at their group's first token."""
+        groups, pad_values = len(group_bins), dict(self.pad_values)
+        per_group = len(rows) // groups
+        packed = {k: v for k, v in pad_values.items() if k not in self.per_example_fields}
         out = {key: np.full((groups * rows_per_group, capacity), value, dtype=np.asarray(rows[0][key]).dtype)
-               for key, value in pad_values.items()}
+               for key, value in packed.items()}
         segment_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
         position_ids = np.zeros((groups * rows_per_group, capacity), np.int32)
         cls_index = np.zeros((groups, per_group), np.int32)
@@ -150,15 +172,24 @@ class Batching:
                 raise ValueError(f"packing group {g} needs {len(bins)} rows, more than the batch's {rows_per_group}")
             for b, positions in enumerate(bins):
                 row, offset = g * rows_per_group + b, 0
-                for segment, position in enumerate(sorted(positions), 1):
+                for segment, position in enumerate(positions, 1):
                     example = g * per_group + position
-                    n = lengths[example]
-                    for key in pad_values:
+                    n = len(rows[example]["input_ids"])
+                    for key in packed:
                         out[key][row, offset:offset + n] = rows[example][key]
                     segment_ids[row, offset:offset + n] = segment
                     position_ids[row, offset:offset + n] = np.arange(n)
                     cls_index[g, position] = b * capacity + offset
                     offset += n
+        # Per-example fields: one row per example, as long as the rows (or the bucket of a longer
+        # field: words without a sub-token can outnumber an example's tokens).
+        width = bucket_length(self.buckets, max([capacity] + [len(r[k]) for r in rows for k in self.per_example_fields]))
+        for key in self.per_example_fields:
+            first = np.asarray(rows[0][key])
+            arr = np.full((len(rows), width), pad_values[key], dtype=first.dtype)
+            for i, r in enumerate(rows):
+                arr[i, :len(r[key])] = r[key]
+            out[key] = arr
         for key in rows[0]:
             if key not in pad_values:
                 out[key] = np.stack([np.asarray(r[key]) for r in rows])
@@ -324,7 +355,14 @@ def eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batc
     `lengths` (encoded_lengths of the source, several processes): each process works out every
     process's sorted rows from it and pads batch b to the longest row of all processes' batch b.
     A random batching (MLM) draws from a generator fixed per batch (its first example and this
-    process), so every evaluation of a run masks alike."""
+    process), so every evaluation of a run masks alike. A batching with `eval_packing_groups`
+    packs instead (packed_eval_batches; `lengths` required)."""
+    if getattr(batching, "eval_packing_groups", 0):
+        if lengths is None:
+            raise ValueError("packed evaluation needs every example's encoded length")
+        yield from packed_eval_batches(source, encode, batching, local_batch_size=local_batch_size, dummy=dummy,
+                                       process_index=process_index, process_count=process_count, lengths=lengths)
+        return
     indices = process_shard(len(source), process_index, process_count, drop_remainder=False)
     per_process = -(-len(source) // process_count)
     num_batches = max(1, -(-per_process // local_batch_size))
@@ -344,6 +382,73 @@ def eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batc
         batch = rows[b * local_batch_size:(b + 1) * local_batch_size]
         rng = np.random.default_rng((7919, int(batch[0]["idx"]), process_index)) if batching.random else None
         yield batching.evaluation(batch, min_length=int(longest[b]), rng=rng)
+
+
+def packed_eval_plan(lengths: Sequence[int], *, groups: int, rows_per_group: int,
+                     buckets: Sequence[int]) -> list[tuple[int, int, int, list[list[list[int]]]]]:
+    """Packed evaluation batches of every example, planned from the lengths alone (so every
+    process plans alike): [(row length, rows per group, the most examples a group holds,
+    [groups: [rows: [example indices]]])].
+
+    Best fit decreasing: longest first, each example goes into the fullest row it fits in, or
+    starts a row as long as its bucket (at least EVAL_PACKED_MIN_LENGTH, or the longest bucket).
+    Rows of one length make batches of `groups` x `rows_per_group` rows (the last one as few as
+    it needs, rounded up to a power of two); a shape's most examples per group is the most any
+    of its groups holds, so a run compiles a step or two per row length. IndoNLI validation
+    computes 1.06x tokens per real one this way at length 128 (MiniLM's vocabulary, 64 rows a
+    batch), against 1.43x for batches sorted by length and padded to buckets."""
+    floor = bucket_length(buckets, min(EVAL_PACKED_MIN_LENGTH, buckets[-1]))
+    longest = max([floor, *map(int, lengths)]) if len(lengths) else floor
+    rows: list[tuple[int, list[int]]] = []  # (row length, examples)
+    by_room: list[collections.deque] = [collections.deque() for _ in range(longest + 1)]  # room -> open rows
+    for i in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
+        n = int(lengths[i])
+        room = next((r for r in range(n, longest + 1) if by_room[r]), None)
+        if room is None:
+            rows.append((max(floor, bucket_length(buckets, n)), []))
+            row, room = len(rows) - 1, rows[-1][0]
+        else:
+            row = by_room[room].popleft()
+        rows[row][1].append(i)
+        if room - n > 0:
+            by_room[room - n].append(row)
+    batches = []
+    per_batch = groups * rows_per_group
+    for capacity in sorted({c for c, _ in rows}):
+        same = [examples for c, examples in rows if c == capacity]
+        chunks = [same[b:b + per_batch] for b in range(0, len(same), per_batch)]
+        # The last batch of a row length has as few rows as it needs (a power of two: few shapes).
+        needed = -(-len(chunks[-1]) // groups)
+        sizes = [rows_per_group] * (len(chunks) - 1) + [min(rows_per_group, 1 << (needed - 1).bit_length())]
+        for size in sorted(set(sizes), reverse=True):
+            planned = [[chunk[g * size:(g + 1) * size] for g in range(groups)]
+                       for chunk, n in zip(chunks, sizes) if n == size]
+            most = max(sum(len(r) for r in group) for batch in planned for group in batch)
+            batches += [(capacity, size, most, batch) for batch in planned]
+    return batches
+
+
+def packed_eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, dummy: dict,
+                        process_index: int, process_count: int, lengths: np.ndarray) -> Iterator[dict]:
+    """Packed evaluation batches (packed_eval_plan): each of the batching's eval_packing_groups
+    groups per process is one data-parallel device's `local_batch_size / groups` rows, its
+    examples laid out in order of length and padded to the group's most examples with weight-0
+    copies of `dummy`. Every process plans every batch from `lengths` and packs its own groups,
+    so all run the same steps on the same shapes with no exchange."""
+    groups = batching.eval_packing_groups
+    plan = packed_eval_plan(lengths, groups=groups * process_count, rows_per_group=max(1, local_batch_size // groups),
+                            buckets=batching.buckets)
+    filler = dict(dummy, weight=np.float32(0.0))
+    for capacity, rows_per_group, most, members in plan:
+        rows, group_bins = [], []
+        for group in members[process_index * groups:(process_index + 1) * groups]:
+            encoded, bins = [], []
+            for row in group:
+                bins.append(list(range(len(encoded), len(encoded) + len(row))))
+                encoded += [dict(encode(source[i]), weight=np.float32(1.0)) for i in row]
+            group_bins.append(bins)
+            rows += encoded + [filler] * (most - len(encoded))
+        yield batching.assemble(rows, group_bins, rows_per_group=rows_per_group, capacity=capacity)
 
 
 class Subset:

@@ -245,6 +245,18 @@ def first_tokens(x, packing=None):
     return jnp.take_along_axis(grouped, cls_index[:, :, None], axis=1).reshape(-1, x.shape[-1])
 
 
+def example_tokens(x, cls_index, length: int):
+    """[examples, length, ...]: each example's first `length` token outputs, read from packed rows
+    (x [rows, row length, ...]; cls_index [groups, examples per group] as in first_tokens), in
+    example order: the padded layout. Positions past an example's end hold its row's next tokens
+    (or the group's last one); the caller masks them, as it masks padding."""
+    groups = cls_index.shape[0]
+    grouped = x.reshape(groups, -1, *x.shape[2:])
+    index = jnp.minimum(cls_index[:, :, None] + jnp.arange(length)[None, None, :], grouped.shape[1] - 1)
+    picked = grouped[jnp.arange(groups)[:, None], index.reshape(groups, -1)]  # [groups, examples x length, ...]
+    return picked.reshape(-1, length, *x.shape[2:])
+
+
 class Encoder(nnx.Module):
     """Embeddings + transformer stack (+ optional pooler). Returns (hidden_states, pooled).
 

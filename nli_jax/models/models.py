@@ -101,8 +101,12 @@ class ForTokenClassification(PretrainedModel):
     def head_arguments(self):
         return {"num_labels": self.num_labels}
 
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):
-        hidden, _ = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 packing=None):
+        """packing: several examples per row (nli_jax.data.pipeline.Batching.pack); logits stay
+        per row and token (models.encoder.example_tokens reads an example's)."""
+        hidden, _ = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
+                                 packing=packing)
         return self.classifier(hidden, deterministic=deterministic)
 
 

@@ -45,9 +45,12 @@ class Task(abc.ABC):
     tracked_metrics: tuple[str, ...] = ()
     train_split: str = "train"
     validation_split: str = "validation"
-    # Whether training batches may put several examples in one row (data.packing,
-    # Batching.pack): tasks with one prediction per example from its first token.
+    # Whether training and evaluation batches may put several examples in one row
+    # (data.packing, Batching.pack): the task reads each example's outputs through its
+    # segment (the packing fields: cls_index, segment_ids, position_ids).
     packs_examples: bool = False
+    # Fields with a pad value that stay one row per example in packed batches (tagging's words).
+    per_example_fields: tuple[str, ...] = ()
     # Whether `loss` returns per-example outcomes (sums[PER_EXAMPLE]: gold_probability, correct):
     # training dynamics (train.record_dynamics) and the training split's cartography.
     records_dynamics: bool = False
@@ -101,7 +104,9 @@ class Task(abc.ABC):
         when the plan packs this task. A task with batch-level random work (MLM masking) returns
         its own object with the same members."""
         return Batching(buckets=batch.buckets, pad_values=tuple(self.pad_values(tokenizer).items()),
-                        packing_groups=batch.packing_groups if self.packs_examples else 0)
+                        packing_groups=batch.packing_groups if self.packs_examples else 0,
+                        eval_packing_groups=batch.eval_packing_groups if self.packs_examples else 0,
+                        per_example_fields=self.per_example_fields)
 
     @abc.abstractmethod
     def loss(self, model, batch, deterministic: bool):

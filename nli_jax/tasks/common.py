@@ -11,6 +11,7 @@ import numpy as np
 
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, ForTokenClassification
+from nli_jax.models.encoder import example_tokens
 from nli_jax.tasks.base import PER_EXAMPLE, Task
 
 
@@ -26,11 +27,15 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
+def packing_fields(batch) -> dict | None:
+    """A packed batch's segment_ids, position_ids and cls_index (pipeline.Batching.pack), which
+    go to the model as `packing`; None for a padded batch."""
+    return {k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")} if "segment_ids" in batch else None
+
+
 def sequence_logits(model, batch, deterministic: bool):
-    """Per-example logits of a padded batch, or of a packed one (pipeline.Batching.pack: its
-    segment_ids, position_ids and cls_index go to the model as `packing`)."""
-    packing = ({k: batch[k] for k in ("segment_ids", "position_ids", "cls_index")}
-               if "segment_ids" in batch else None)
+    """Per-example logits of a padded batch, or of a packed one."""
+    packing = packing_fields(batch)
     return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
                  packing=packing)
 
@@ -144,6 +149,10 @@ class TaggingTask(Task):
     """
     labels: tuple[str, ...] = ()
     question_field: str | None = None  # FacQA: the question is the first segment, labels on the passage
+    # Packed rows (data.packing): the word alignment and labels stay one row per example, and each
+    # example's token logits are read back from its segment (models.encoder.example_tokens).
+    packs_examples = True
+    per_example_fields = ("word_index", "word_labels", "word_mask")
 
     def model_class_and_kwargs(self):
         return ForTokenClassification, {"num_labels": len(self.labels)}
@@ -192,7 +201,11 @@ class TaggingTask(Task):
         return list(example["tags"] or [])
 
     def word_logits(self, model, batch, deterministic):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic)
+        packing = packing_fields(batch)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=deterministic,
+                       **({"packing": packing} if packing is not None else {}))
+        if packing is not None:  # [rows, length, labels] -> [examples, tokens, labels]
+            logits = example_tokens(logits, packing["cls_index"], batch["word_index"].shape[1])
         n_words = batch["word_labels"].shape[1]
         membership = (batch["word_index"][:, None, :] == jnp.arange(n_words)[None, :, None]).astype(logits.dtype)
         counts = jnp.maximum(membership.sum(-1, keepdims=True), 1.0)

@@ -93,7 +93,8 @@ class Evaluator:
         pc, pi = self.batch.processes, self.batch.process_index
         examples = data.examples
         dummy = dict(data.encode(examples[0]), idx=np.int32(-1))
-        lengths = data.lengths(pi, pc) if pc > 1 and self.batching.bucketed else None
+        packed = getattr(self.batching, "eval_packing_groups", 0)
+        lengths = data.lengths(pi, pc) if packed or (pc > 1 and self.batching.bucketed) else None
         sums, outputs = None, []
         for local in pipeline.eval_batches(examples, data.encode, self.batching, local_batch_size=self.batch.local_eval_batch,
                                            dummy=dummy, process_index=pi, process_count=pc, lengths=lengths):

@@ -316,6 +316,9 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
     if getattr(run.batching, "packing_groups", 0):
         log.info("training batches packed (data.packing): several examples per row, each attending to itself, "
                  "in %d group(s) per process", run.batching.packing_groups)
+    if getattr(run.batching, "eval_packing_groups", 0):
+        log.info("evaluation batches packed (data.packing): rows of %d examples' tokens at most, in %d group(s) "
+                 "per process", run.plan.batch.local_eval_batch, run.batching.eval_packing_groups)
 
 
 def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> None:

@@ -245,10 +245,15 @@ def _batch_plan(data: P.DataPlan, train: P.TrainPlan, mesh: P.MeshPlan, task, pr
     # Packing groups: one per data-parallel shard and micro-batch, each process packing its own.
     groups = accumulation * parallel
     packs = data.packing and task.packs_examples and groups % processes == 0 and batch % groups == 0
+    # Evaluation packs one group per data-parallel device, each its share of the eval batch's rows.
+    local_eval = max(1, eval_batch // processes)
+    eval_packs = data.packing and task.packs_examples and parallel % processes == 0 and \
+        local_eval % (parallel // processes) == 0
     return P.BatchPlan(processes=processes, process_index=process_index, global_batch=batch,
                        local_batch=max(1, batch // processes), accumulation=accumulation, data_parallel=parallel,
-                       global_eval_batch=eval_batch, local_eval_batch=max(1, eval_batch // processes),
-                       buckets=buckets, packing_groups=groups // processes if packs else 0)
+                       global_eval_batch=eval_batch, local_eval_batch=local_eval,
+                       buckets=buckets, packing_groups=groups // processes if packs else 0,
+                       eval_packing_groups=parallel // processes if eval_packs else 0)
 
 
 def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str]) -> None:
