@@ -68,6 +68,26 @@ def test_finetune_vs_transformers_smoke_on_real_indonli(tmp_path, shared_data, m
     assert (tmp_path / "work" / "runs" / "nli-jax" / "len64_seed1" / "run" / "results.json").is_file()
     assert runs["nli-jax"]["train_compile_s"] > 0
     assert result["nli_jax_commands"]["len64_seed1"].startswith("python -m finetune.main --config=configs/indonli_base.py")
+    assert all(0.3 < r["peak_rss_gb"] < 24 for r in runs.values()), runs
+
+
+@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
+def test_finetune_vs_transformers_smoke_on_real_nerp(tmp_path, shared_data, minilm_dir):
+    """The tagging side: nli-jax's NERP run (packed) against the token-classification loop, the
+    same sentences, F1 on both, each run's peak RSS."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/finetune_vs_transformers.py", "--task=nerp",
+                           f"--model={minilm_dir}", f"--data={shared_data / 'indonlu'}", "--train_pairs=32",
+                           "--eval_pairs=24", "--max_seq_length=64", "--seeds=1", "--batch_size=16",
+                           "--eval_batch_size=16", f"--workdir={tmp_path / 'work'}", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads(out.read_text())
+    runs = {r["side"]: r for r in result["runs"]}
+    assert {r["train_examples"] for r in runs.values()} == {32} and {r["eval_examples"] for r in runs.values()} == {24}
+    assert all(0.0 <= r["accuracy"] <= 1.0 and 0.3 < r["peak_rss_gb"] < 24 for r in runs.values()), runs
+    assert result["settings"]["metric"] == "f1" and "val f1" in proc.stdout
+    assert result["nli_jax_commands"]["len64_seed1"].startswith("python -m finetune.main --config=configs/indonlu.py:task=nerp")
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow

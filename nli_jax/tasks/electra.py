@@ -14,7 +14,6 @@ accuracy, precision, recall and F1 on replaced tokens (the primary metric is F1)
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
