@@ -349,6 +349,29 @@ def nli_jax_result(spec: dict, wall: float) -> dict:
 
 # ----------------------------------------------------------------------------- transformers side
 
+def torch_train(model, opt, order, batch) -> tuple[list[int], float, int]:
+    """The peer's training loop over nli-jax's batches (`order`): batch(indices) -> (encoding,
+    labels); clipped at 1.0. Returns (each batch's padded length, the first step's seconds,
+    examples trained)."""
+    import torch
+    model.train()
+    batch_lengths, first_step_s, trained = [], None, 0
+    for indices in order:
+        t = time.perf_counter()
+        enc, labels = batch(indices)
+        batch_lengths.append(int(enc["input_ids"].shape[1]))
+        loss = model(**enc, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trained += len(indices)
+        if first_step_s is None:
+            float(loss.detach())
+            first_step_s = time.perf_counter() - t
+    return batch_lengths, first_step_s, trained
+
+
 def transformers_worker(spec: dict) -> None:
     start = time.perf_counter()
     import torch
@@ -372,22 +395,11 @@ def transformers_worker(spec: dict) -> None:
 
     setup_s = time.perf_counter() - start
     t0 = time.perf_counter()
-    model.train()
-    batch_lengths, first_step_s, trained = [], None, 0
-    for indices in order:
-        t = time.perf_counter()
+    def batch(indices):
         rows = [train[i] for i in indices]
-        enc = encode(rows)
-        batch_lengths.append(int(enc["input_ids"].shape[1]))
-        loss = model(**enc, labels=torch.tensor([r[2] for r in rows])).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        trained += len(rows)
-        if first_step_s is None:
-            float(loss.detach())
-            first_step_s = time.perf_counter() - t
+        return encode(rows), torch.tensor([r[2] for r in rows])
+
+    batch_lengths, first_step_s, trained = torch_train(model, opt, order, batch)
     train_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -451,21 +463,8 @@ def transformers_tagging_worker(spec: dict) -> None:
 
     setup_s = time.perf_counter() - start
     t0 = time.perf_counter()
-    model.train()
-    batch_lengths, first_step_s, trained = [], None, 0
-    for indices in order:
-        t = time.perf_counter()
-        enc, targets, _ = encode([train[i] for i in indices])
-        batch_lengths.append(int(enc["input_ids"].shape[1]))
-        loss = model(**enc, labels=targets).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        trained += len(indices)
-        if first_step_s is None:
-            float(loss.detach())
-            first_step_s = time.perf_counter() - t
+    batch_lengths, first_step_s, trained = torch_train(model, opt, order,
+                                                      lambda indices: encode([train[i] for i in indices])[:2])
     train_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
