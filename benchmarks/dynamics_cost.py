@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     from nli_jax.train import host_memory
-    host_memory.keep_temporaries_in_heap()
+    host_memory.configure()  # as the command line does (may re-execute the interpreter)
     import jax
     import numpy as np
 

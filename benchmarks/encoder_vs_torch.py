@@ -18,10 +18,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# As the command line does, before JAX runs anything (PyTorch shares the process and the allocator).
+# As the command line does, before JAX runs anything or anything is printed (it may re-execute the
+# interpreter; PyTorch shares the process and the allocator setting).
 from nli_jax.train import host_memory  # noqa: E402
 
-host_memory.keep_temporaries_in_heap()
+HOST_MALLOC = host_memory.configure()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -115,7 +116,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(f"{machine.line()}; host allocator: {HOST_MALLOC}", flush=True)  # ratios differ between CPUs
     path = args.model or default_checkpoint()
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]

@@ -23,13 +23,19 @@ def describe() -> dict:
                     flags = set(value.split())
     except OSError:
         pass
+    thp = ""
+    try:  # the kernel's transparent-huge-page mode: what nli_jax.train.host_memory's default can use
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            thp = next((w[1:-1] for w in f.read().split() if w.startswith("[")), "")
+    except OSError:
+        pass
     return {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "isa": [f for f in ISA_FLAGS if f in flags]}
+            "isa": [f for f in ISA_FLAGS if f in flags], "thp": thp}
 
 
 def line() -> str:
     d = describe()
-    return f"CPU: {d['cpu']}, {d['cores']} cores, {' '.join(d['isa']) or 'no AVX2'}"
+    return f"CPU: {d['cpu']}, {d['cores']} cores, {' '.join(d['isa']) or 'no AVX2'}, THP {d['thp'] or 'unknown'}"
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
-# As the command line does before JAX runs anything: XLA:CPU step temporaries kept in the heap
-# instead of a fresh mmap per step (nli_jax.train.host_memory).
-from nli_jax.train import host_memory  # noqa: E402
-
-host_memory.keep_temporaries_in_heap()
+# The host allocator setting of the command line (nli_jax.train.host_memory) may re-execute the
+# interpreter, which pytest's workers must not do: tests run with glibc's defaults, and
+# tests/test_host_memory.py checks the setting through cli.run in subprocesses.
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = pathlib.Path(os.environ.get("NLI_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))

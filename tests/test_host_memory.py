@@ -1,8 +1,8 @@
-"""XLA:CPU step temporaries kept in the heap (nli_jax.train.host_memory), through cli.run.
+"""The host allocator setting for XLA:CPU step temporaries (nli_jax.train.host_memory), through cli.run.
 
-Each case is a fresh process (the allocator setting only reaches threads that have not
-allocated yet), running a jitted function with a 64 MB temporary under `cli.run`, as
-finetune.main and pretrain.main run theirs, and counting the minor page faults of repeated calls.
+Each case is a fresh process (glibc reads its tunables at start; mallopt reaches only threads
+that have not allocated yet), running a jitted function with a 64 MB temporary under `cli.run`,
+as finetune.main and pretrain.main run theirs, and counting the minor page faults of repeated calls.
 """
 import json
 import os
@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent("""
         for _ in range(3):
             step(x, w, v).block_until_ready()
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
-        print(json.dumps({"applied": host_memory._APPLIED, "faults_per_call": faults}))
+        print(json.dumps({"applied": host_memory._APPLIED, "hugepages": host_memory.hugepages_applied(),
+                          "faults_per_call": faults}))
 
     cli.run(main)
 """)
@@ -47,16 +48,38 @@ def run_script(**env):
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-                    reason="glibc's allocator only")
-def test_cli_keeps_step_temporaries_in_the_heap():
-    tuned = run_script()
+GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
+def test_cli_heap_mode_keeps_step_temporaries_in_the_heap():
+    heap = run_script(NLI_JAX_HOST_MALLOC="heap")
     system = run_script(NLI_JAX_HOST_MALLOC="system")
-    assert tuned["applied"] and not system["applied"]
+    assert heap["applied"] and not system["applied"] and not system["hugepages"]
     # glibc's default: the temporaries are a fresh mmap each call, faulted in page by page
     # (64 MB = 16,384 pages). Kept in the heap, repeated calls fault (almost) nothing.
     assert system["faults_per_call"] > 16_000, system
-    assert tuned["faults_per_call"] < 1_000, tuned
+    assert heap["faults_per_call"] < 1_000, heap
+
+
+@pytest.mark.skipif(not GLIBC or not host_memory._glibc_at_least(2, 35), reason="glibc >= 2.35 (malloc hugetlb tunable)")
+def test_cli_default_puts_step_temporaries_on_huge_pages():
+    """The default re-executes the command with glibc.malloc.hugetlb=1 where the kernel's THP mode
+    is madvise: the 64 MB temporary is faulted in 2 MiB at a time (32 faults, not 16,384)."""
+    if host_memory.thp_mode() != "madvise":
+        pytest.skip(f"the kernel's transparent-huge-page mode is {host_memory.thp_mode() or 'unknown'!r}, not madvise: "
+                    "the default changes nothing here")
+    default = run_script(NLI_JAX_HOST_MALLOC="", GLIBC_TUNABLES="")
+    assert default["hugepages"] and not default["applied"], default
+    assert default["faults_per_call"] < 2_000, default
+
+
+def test_an_unknown_host_malloc_mode_is_one_line_before_compute():
+    environment = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO, "NLI_JAX_HOST_MALLOC": "tcmalloc"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "error: NLI_JAX_HOST_MALLOC='tcmalloc': expected one of hugepages, heap, system"]
 
 
 def test_not_applied_off_cpu(monkeypatch):

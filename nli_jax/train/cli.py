@@ -67,10 +67,15 @@ def run(main) -> None:
     """app.run with one-line reports of config-key mistakes and input errors (exit status 1),
     and the persistent compilation cache (--compilation_cache) configured before main runs.
 
-    On a CPU-only machine, XLA's per-step temporaries are first kept in the heap
-    (nli_jax.train.host_memory): this must precede anything JAX runs."""
+    On a CPU-only machine, the host allocator is set first (nli_jax.train.host_memory: step
+    temporaries on transparent huge pages, which may re-execute the interpreter once): this must
+    precede anything JAX runs."""
     from nli_jax.train import host_memory
-    host_memory.keep_temporaries_in_heap()
+    try:
+        host_memory.configure()
+    except ValueError as e:  # an unknown NLI_JAX_HOST_MALLOC: one line, before any compute
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(1)
 
     def with_cache(argv):
         compilation.configure_cache(FLAGS.compilation_cache)
