@@ -444,7 +444,7 @@ def test_mlm_leaves_its_plateau_as_transformers_does():
 def test_the_cpu_learn_variant_carries_the_measured_recipe():
     """configs/pretrain/*:cpu_learn is the recipe benchmarks/pretrain_recipe_search.py measured
     leaving the plateau (accuracy at [MASK] inputs 1.25x -> 6.5x the constant between steps 3,000 and 4,000)."""
-    from configs.pretrain import indobert_base, indobert_lite_base
+    from configs.pretrain import electra_small, indobert_base, indobert_lite_base
     c = indobert_base.get_config("cpu_learn")
     o = c.model.overrides
     assert (o.hidden_size, o.num_hidden_layers, o.num_attention_heads, o.hidden_dropout_prob) == (128, 2, 2, 0.0)
@@ -452,8 +452,14 @@ def test_the_cpu_learn_variant_carries_the_measured_recipe():
     assert (c.train.batch_size, c.train.max_steps, c.model.dtype) == (64, 10_000, "float32")
     opt = c.optimizer
     assert (opt.name, opt.lr, opt.warmup_steps, opt.schedule, opt.b2) == ("adamw", 1e-3, 1000, "constant", 0.98)
+    # ELECTRA-small's own shape on the same data and schedule (issue 27's same-wall-time comparison).
+    e = electra_small.get_config("cpu_learn")
+    assert (e.task, e.model.preset, e.pretrain.sentence_task, e.data.max_seq_length) == ("electra", "electra-small", "none", 32)
+    assert "hidden_size" not in e.model.overrides and e.model.overrides.max_position_embeddings == 128
+    assert (e.optimizer.lr, e.optimizer.warmup_steps, e.optimizer.b2, e.train.batch_size) == (5e-4, 1000, 0.98, 64)
+    assert e.pretrain.generator_fraction == 0.25 and e.pretrain.discriminator_weight == 50.0
     for bad in ((indobert_base, "cpu_learn,phase=2"), (indobert_lite_base, "cpu_learn")):
-        with pytest.raises(ValueError, match="cpu_learn is a phase-1 BERT recipe"):
+        with pytest.raises(ValueError, match="cpu_learn is a phase-1 recipe from scratch for BERT and ELECTRA"):
             bad[0].get_config(bad[1])
 
 

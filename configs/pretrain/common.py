@@ -109,10 +109,10 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
         c.optimizer.warmup_steps = max(1, c.train.max_steps * 6 // 100)
 
     if cpu_learn:
-        if phase != 1 or albert or electra or cpu_test or continued:
-            raise ValueError("cpu_learn is a phase-1 BERT recipe from scratch (not with phase=2, ALBERT, ELECTRA, "
-                             "cpu_test or continue)")
-        apply_cpu_learn(c)
+        if phase != 1 or albert or cpu_test or continued:
+            raise ValueError("cpu_learn is a phase-1 recipe from scratch for BERT and ELECTRA (not with phase=2, "
+                             "ALBERT, cpu_test or continue)")
+        apply_cpu_learn(c, electra=electra)
     if cpu_test:
         from nli_jax.data import fixture_path
         if continued:  # the checkpoint's own tokenizer and shape
@@ -147,7 +147,7 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     return c
 
 
-def apply_cpu_learn(c: ml_collections.ConfigDict) -> None:
+def apply_cpu_learn(c: ml_collections.ConfigDict, electra: bool = False) -> None:
     """A from-scratch MLM recipe that leaves BERT's unigram plateau on a 2-core CPU: 2 layers x 128
     (2 heads), 32-token segments, no sentence task, batch 64, AdamW 1e-3 after 1,000 warmup steps,
     beta2 0.98, constant. Found by benchmarks/pretrain_recipe_search.py on id_corpus_sample with a
@@ -155,16 +155,23 @@ def apply_cpu_learn(c: ml_collections.ConfigDict) -> None:
     3,000, 6.5x at 4,000, 14.3x at 10,000 (held-out MLM accuracy 13% -> 25% -> 42%;
     docs/pretraining_id_corpus_sample.md); rates of 2e-4 to 5e-4 with 100 warmup steps stay
     on the plateau for the 2,000 steps measured. Needs --config.model.tokenizer (pretrain.build_vocab
-    --vocab_size=2000) and --config.pretrain.corpus or examples_dir."""
-    c.model.preset = "scratch-2layer-small"
+    --vocab_size=2000) and --config.pretrain.corpus or examples_dir. With `electra`
+    (configs/pretrain/electra_small.py:cpu_learn): ELECTRA-small's shape on the same data and schedule."""
     c.model.dtype = "float32"
-    c.model.overrides.update(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_hidden_layers=2,
-                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=128)
+    c.model.overrides.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=128)
+    if electra:
+        # ELECTRA-small's own shape (12 x 256, 128-wide embeddings, a generator a quarter as wide) on the
+        # same data and schedule at the paper's small-model rate (5e-4): issue 27's comparison with the
+        # BERT below at the same wall time (benchmarks/electra_vs_bert.py).
+        c.model.preset = "electra-small"
+    else:
+        c.model.preset = "scratch-2layer-small"
+        c.model.overrides.update(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_hidden_layers=2)
     c.pretrain.sentence_task = "none"
     c.pretrain.max_predictions = 5  # 15% of 32
     c.pretrain.heldout_examples = 1000
     c.data.max_seq_length = 32
     c.train.update(batch_size=64, max_steps=10_000, eval_every_steps=1000, checkpoint_every_steps=1000,
                    log_every_steps=100, eval_batch_size=256)
-    c.optimizer.update(name="adamw", lr=1e-3, warmup_steps=1000, schedule="constant", b2=0.98, eps=1e-6,
-                       weight_decay=0.01, grad_clip=1.0)
+    c.optimizer.update(name="adamw", lr=5e-4 if electra else 1e-3, warmup_steps=1000, schedule="constant", b2=0.98,
+                       eps=1e-6, weight_decay=0.01, grad_clip=1.0)
