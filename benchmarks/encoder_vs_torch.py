@@ -6,13 +6,15 @@ transformers' PyTorch, same weights, same padded batches, same process and cores
 
 Shapes are batch x length. Both sides run in float32, deterministic (no dropout) for the forward,
 dropout 0.1 for forward + backward (the training case). Rounds alternate between the two so
-machine noise hits both; min / median / max of the per-call times are printed.
+machine noise hits both; min / median / max of the per-call times are printed, and the process's
+peak RSS after each shape (both frameworks share the process: what the two hold together).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -122,7 +124,7 @@ def main():
         vocab = json.load(f)["vocab_size"]
     jax_fwd, jax_fwd_bwd = jax_functions(path)
     torch_fwd, torch_fwd_bwd, torch = torch_functions(path)
-    results = {"model": path, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    results = {"model": path, "machine": machine.describe(), "host_allocator": HOST_MALLOC, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                "jax": jax.__version__, "torch": torch.__version__, "shapes": {}}
     print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads), float32")
     for shape in args.shapes.split(","):
@@ -142,6 +144,8 @@ def main():
             print(f"  {batch:4d} x {length:3d} {name:16s} nli-jax {stats['nli-jax']['median']:.3f} s "
                   f"[{stats['nli-jax']['min']:.3f}-{stats['nli-jax']['max']:.3f}]  pytorch {stats['pytorch']['median']:.3f} s "
                   f"[{stats['pytorch']['min']:.3f}-{stats['pytorch']['max']:.3f}]  speed ratio {stats['speed_ratio']:.2f}x")
+        row["peak_rss_gb_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+        print(f"  {batch:4d} x {length:3d} peak RSS of the process so far: {row['peak_rss_gb_so_far']:.2f} GB", flush=True)
         results["shapes"][shape] = row
     if args.json:
         with open(args.json, "w") as f:

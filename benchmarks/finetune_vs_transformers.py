@@ -56,7 +56,8 @@ per example; --buckets=... passes another --config.data.buckets to nli-jax, --no
 packing off). Both subprocesses get JAX_PLATFORMS=cpu unless it is set. nli-jax compiles from
 cold in every run: JAX_COMPILATION_CACHE_DIR is removed from its environment and
 --compilation_cache= turns the persistent cache off, so no run reuses
-an earlier one's programs.
+an earlier one's programs. --warm_cache measures a rerun instead: an untimed run of the same
+command fills <workdir>/xla_cache first and the timed run reads its programs from there.
 """
 from __future__ import annotations
 
@@ -217,7 +218,8 @@ def nli_jax_flags(spec: dict) -> list[str]:
         "--config.train.early_stopping_patience=0",
         f"--config.train.eval_every_steps={steps}",  # one evaluation, at the end
         f"--workdir={spec['run_dir']}",
-        "--compilation_cache=",  # compiled from cold in every run (the persistent cache off)
+        # Compiled from cold in every run (the persistent cache off), unless --warm_cache gave a cache.
+        f"--compilation_cache={spec.get('compilation_cache', '')}",
     ]
     if spec.get("no_packing"):
         flags.insert(5, "--config.data.packing=False")
@@ -522,15 +524,16 @@ def run_side(side: str, spec: dict, log_path: str) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     peak_rss_gb = usage.ru_maxrss * 1024 / 1e9
+    faults = {"minor_faults": usage.ru_minflt, "kernel_s": usage.ru_stime}  # the host allocator's cost
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-4000:]
         raise SystemExit(f"{side} run failed (exit {proc.returncode}), log {log_path}:\n{tail}")
     if side == "nli-jax":
-        return dict(nli_jax_result(spec, wall), peak_rss_gb=peak_rss_gb)
+        return dict(nli_jax_result(spec, wall), peak_rss_gb=peak_rss_gb, **faults)
     with open(spec["timings"]) as f:
         result = json.load(f)
-    return dict(result, end_to_end_s=wall, peak_rss_gb=peak_rss_gb)
+    return dict(result, end_to_end_s=wall, peak_rss_gb=peak_rss_gb, **faults)
 
 
 def mean_std(values: list[float]) -> dict:
@@ -627,6 +630,9 @@ def main():
     parser.add_argument("--sides", default="nli-jax,transformers")
     parser.add_argument("--no_packing", action="store_true", help="nli-jax pads training batches instead of packing")
     parser.add_argument("--buckets", default="", help="nli-jax's data.buckets (default: the config's)")
+    parser.add_argument("--warm_cache", action="store_true",
+                        help="nli-jax reads its programs from a persistent compilation cache filled by an untimed run "
+                             "of the same command first (a rerun, as a user's second run or a sweep's next cell)")
     parser.add_argument("--workdir", default=None, help="default: a new temporary directory")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
@@ -678,7 +684,7 @@ def main():
     print(f"{args.task} fine-tuning, {model}: {n_train} train / {n_eval} validation examples, batch {args.batch_size}, {args.epochs} epoch(s), Adam lr {args.lr} constant, "
           f"clip 1.0, lengths {lengths}, seeds {seeds}; {os.cpu_count()} cores, torch threads = os.cpu_count(); "
           f"workdir {workdir}", flush=True)
-    runs, commands = [], {}
+    runs, commands, warmups = [], {}, []
     for L in lengths:
         for k, seed in enumerate(seeds):
             for side in (sides if k % 2 == 0 else sides[::-1]):  # alternate who goes first
@@ -690,7 +696,17 @@ def main():
                         "eval_batch_size": args.eval_batch_size, "lr": args.lr, "buckets": buckets,
                         "no_packing": args.no_packing,
                         "tfds_dir": os.path.join(workdir, "tfds"), "run_dir": os.path.join(run_dir, "run"),
-                        "timings": os.path.join(run_dir, "timings.json")}
+                        "timings": os.path.join(run_dir, "timings.json"),
+                        "compilation_cache": os.path.join(workdir, "xla_cache") if args.warm_cache else ""}
+                if side == "nli-jax" and args.warm_cache:  # the untimed run that fills the cache
+                    warm_dir = os.path.join(workdir, "runs", "warmup", f"len{L}_seed{seed}")
+                    shutil.rmtree(warm_dir, ignore_errors=True)
+                    os.makedirs(warm_dir)
+                    cold = run_side(side, dict(spec, run_dir=os.path.join(warm_dir, "run"),
+                                               timings=os.path.join(warm_dir, "timings.json")), os.path.join(warm_dir, "log.txt"))
+                    warmups.append(dict(cold, max_seq_length=L, seed=seed))
+                    print(f"  len {L} seed {seed} nli-jax cold run filling the cache (untimed in the table): end-to-end "
+                          f"{cold['end_to_end_s']:6.1f} s, train compile {cold.get('train_compile_s', 0):.1f} s", flush=True)
                 if side == "nli-jax":
                     commands[f"len{L}_seed{seed}"] = shell_command(nli_jax_flags(spec))
                 result = run_side(side, spec, os.path.join(run_dir, "log.txt"))
@@ -698,7 +714,7 @@ def main():
                 runs.append(result)
                 print(f"  len {L} seed {seed} {side:12s} train {result['train_examples_per_s']:7.1f} ex/s  "
                       f"eval {result['eval_examples_per_s']:7.1f} ex/s  end-to-end {result['end_to_end_s']:6.1f} s  "
-                      f"peak RSS {result['peak_rss_gb']:.2f} GB  {task['metric']} {result['accuracy']:.3f}", flush=True)
+                      f"peak RSS {result['peak_rss_gb']:.2f} GB  minor faults {result['minor_faults'] / 1e6:.2f}M  {task['metric']} {result['accuracy']:.3f}", flush=True)
             # What each side computed on: the same batches, padded to the longest row (transformers)
             # or to nli-jax's length bucket.
             mine = {r["side"]: r for r in runs if r["max_seq_length"] == L and r["seed"] == seed}
@@ -717,13 +733,14 @@ def main():
         "settings": {"task": args.task, "metric": task["metric"], "model": model, "data": os.path.abspath(data), "train_pairs": n_train, "eval_pairs": n_eval,
                      "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
                      "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir,
-                     "nli_jax_packing": not args.no_packing},
+                     "nli_jax_packing": not args.no_packing, "nli_jax_warm_compilation_cache": args.warm_cache},
         "environment": {"cpu_count": os.cpu_count(), "machine": machine.describe(),
                         "python": platform.python_version(), **versions},
         "timing": "wall clock per phase; train includes tokenisation (and compilation for nli-jax: train_compile_s); "
                   "end_to_end_s is the whole subprocess",
         "nli_jax_commands": commands,
         "runs": runs,
+        "warmup_runs": warmups,  # --warm_cache: the cold runs that filled the cache
         "summary": summary,
     }
     if args.json:
