@@ -113,3 +113,30 @@ def test_compilation_cache_benchmark_reads_the_rerun_and_the_next_cell_from_the_
     for name in ("rerun", "next_sweep_cell"):
         assert runs[name]["cache_hits"] >= runs[name]["programs"] - 1, runs
         assert runs[name]["seconds"] < 0.25 * runs["cold"]["seconds"], runs
+
+
+@pytest.mark.slow  # a tiny pretraining run, then four short fine-tunes: about a minute
+def test_downstream_gain_compares_a_pretrained_export_with_random_init_on_real_smsa(tmp_path, shared_data):
+    """benchmarks/downstream_gain.py: the export's arm loads its weights, the random arm has its shape
+    and vocabulary; every (arm, seed) run is reported with the mean, sd and verdict."""
+    pre = tmp_path / "pre"
+    proc = subprocess.run([sys.executable, "-m", "pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test",
+                           f"--workdir={pre}", "--config.train.max_steps=20", "--config.train.eval_every_steps=20",
+                           "--config.train.checkpoint_every_steps=20"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    work = tmp_path / "down"
+    proc = subprocess.run([sys.executable, "benchmarks/downstream_gain.py", f"--export={pre / 'export'}",
+                           f"--workdir={work}", f"--data={shared_data}", "--tasks=smsa", "--seeds=1,2",
+                           "--epochs=smsa=1", "--train_limit=64", "--max_seq_length=64"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads((work / "downstream_gain.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in result["runs"]) == [("pretrained", 1), ("pretrained", 2),
+                                                                      ("random", 1), ("random", 2)]
+    assert all(0 < r["f1"] <= 100 for r in result["runs"])
+    assert set(result["verdicts"]) == {"smsa/pretrained vs random"}
+    assert proc.stdout.startswith("CPU: ") and "| smsa | random |" in proc.stdout
+    # The pretrained arm starts from the export (its encoder weights), the random arm does not.
+    logs = {arm: (work / f"smsa_{arm}_seed1" / "train.log").read_text() for arm in ("pretrained", "random")}
+    assert str(pre / "export") in logs["pretrained"] and str(pre / "export") not in logs["random"]
