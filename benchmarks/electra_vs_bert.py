@@ -34,6 +34,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 import machine  # noqa: E402
 import pretrain_recipe_search  # noqa: E402
+import pretrain_vs_transformers  # noqa: E402
 
 LOG_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
 EVAL_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) eval step (\d+):")
@@ -65,14 +66,8 @@ def eval_times(train_log: str) -> tuple[float, dict[int, float]]:
 
 
 def electra_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int):
-    from configs.pretrain import electra_small
-    c = electra_small.get_config("cpu_learn")
-    c.model.tokenizer = vocab_dir
-    c.pretrain.examples_dir = examples_dir
-    c.data.workers = 0
-    c.train.update(max_steps=steps, eval_every_steps=eval_every, checkpoint_every_steps=eval_every,
-                   log_every_steps=max(1, min(100, eval_every)))
-    return c
+    return pretrain_vs_transformers.cpu_learn_config(vocab_dir, examples_dir, steps, eval_every, model="electra_small",
+                                                     checkpoint_every=eval_every, log_every=max(1, min(100, eval_every)))
 
 
 def main():

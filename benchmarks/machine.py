@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # nli_jax
 
 # Instruction-set extensions XLA's and PyTorch's CPU kernels choose between.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
@@ -23,12 +26,8 @@ def describe() -> dict:
                     flags = set(value.split())
     except OSError:
         pass
-    thp = ""
-    try:  # the kernel's transparent-huge-page mode: what nli_jax.train.host_memory's default can use
-        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
-            thp = next((w[1:-1] for w in f.read().split() if w.startswith("[")), "")
-    except OSError:
-        pass
+    from nli_jax.train.host_memory import thp_mode  # what the default host allocator can use
+    thp = thp_mode()
     return {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "isa": [f for f in ISA_FLAGS if f in flags], "thp": thp}
 

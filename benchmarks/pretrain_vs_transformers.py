@@ -37,14 +37,17 @@ import machine  # noqa: E402
 import pretrain_recipe_search  # noqa: E402
 
 
-def cpu_learn_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int):
-    from configs.pretrain import indobert_base
-    c = indobert_base.get_config("cpu_learn")
+def cpu_learn_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int, *, model: str = "indobert_base",
+                     checkpoint_every: int = 0, log_every: int = 0):
+    """configs/pretrain/<model>.py:cpu_learn on prepared data (pretrain_recipe_search.prepared);
+    checkpoints at the end and logs at each evaluation unless told otherwise."""
+    import importlib
+    c = importlib.import_module(f"configs.pretrain.{model}").get_config("cpu_learn")
     c.model.tokenizer = vocab_dir
     c.pretrain.examples_dir = examples_dir
     c.data.workers = 0
-    c.train.update(max_steps=steps, eval_every_steps=eval_every, checkpoint_every_steps=steps,
-                   log_every_steps=eval_every)
+    c.train.update(max_steps=steps, eval_every_steps=eval_every, checkpoint_every_steps=checkpoint_every or steps,
+                   log_every_steps=log_every or eval_every)
     return c
 
 
