@@ -47,6 +47,17 @@ def _unlabelled_copy(source, destination):
     return rows
 
 
+def _close(a, b, rel=1e-6):
+    """a == b, floats within `rel`, recursively."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return b == pytest.approx(a, rel=rel, abs=1e-12)
+    return a == b
+
+
 def test_evaluate_reproduces_the_runs_final_evaluation_and_adds_files(finished_run, tmp_path):
     trained = json.loads((finished_run / "results.json").read_text())
     out = tmp_path / "eval"
@@ -54,15 +65,18 @@ def test_evaluate_reproduces_the_runs_final_evaluation_and_adds_files(finished_r
          f"--file=val_again={FIXTURE / 'val.jsonl'}")
     evaluated = json.loads((out / "results.json").read_text())
 
-    def same_report(a, b):  # the loss is a float32 sum whose order may differ
+    def same_report(a, b, exact=True):  # the loss is a float32 sum whose order may differ
         assert a.pop("loss") == pytest.approx(b.pop("loss"), rel=1e-5)
         for report in (a, b):  # each split's own reliability diagram file
             report["calibration"] = {k: v for k, v in report["calibration"].items() if k != "reliability_diagram"}
-        assert a == b
+        assert a == b if exact else _close(a, b)
     for split in ("validation", "test_lay", "test_expert", "diagnostic"):
         same_report(dict(evaluated["splits"][split]), dict(trained["splits"][split]))
-    # A file given by path is a split of its own, with the same breakdowns as validation.
-    same_report(dict(evaluated["splits"]["val_again"]), dict(trained["splits"]["validation"]))
+    # A file given by path is a split of its own, with the same breakdowns as validation. Its
+    # examples share evaluation rows in another arrangement, and XLA:CPU's Eigen dots (the
+    # evaluation programs' on CPU) round a row's products by where it sits: calibration's floats
+    # agree to ~1e-9, not bit for bit; counts, accuracy and every breakdown are equal.
+    same_report(dict(evaluated["splits"]["val_again"]), dict(trained["splits"]["validation"]), exact=False)
     assert set(evaluated["splits"]["diagnostic"]["by_tag"]) == set(trained["splits"]["diagnostic"]["by_tag"])
     ours = [r for r in _jsonl(out / "predictions.jsonl") if r["split"] == "validation"]
     theirs = [r for r in _jsonl(finished_run / "predictions.jsonl") if r["split"] == "validation"]

@@ -73,7 +73,8 @@ def run(main) -> None:
     from nli_jax.train import host_memory
     try:
         host_memory.configure()
-    except ValueError as e:  # an unknown NLI_JAX_HOST_MALLOC: one line, before any compute
+        compilation.forward_dots()
+    except ValueError as e:  # an unknown NLI_JAX_HOST_MALLOC or NLI_JAX_CPU_FORWARD_DOTS: one line, before any compute
         sys.stderr.write(f"error: {e}\n")
         sys.exit(1)
 

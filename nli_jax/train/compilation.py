@@ -79,3 +79,30 @@ def configure_cache(directory: str | None) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     return directory
+
+
+# XLA:CPU runs dots either through YNNPACK fusions (a dot with its elementwise and reduction
+# neighbours, XLA's default) or through its own Eigen-based dot thunks. Measured on an AMD EPYC
+# (avx512, 2 cores) with `python benchmarks/encoder_vs_torch.py --model=DIR --shapes=...`: forward
+# passes ran 17-20% faster without YNNPACK (a 12 x 384 BERT at 64 x 128, BERT-base at 64 x 128;
+# 8% at 16 x 512), training steps 4% slower on BERT-base (`benchmarks/mlm_train_step.py`). So only
+# the forward-only programs (evaluation and prediction) drop it, and only on CPU.
+# NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps XLA's default there too (to compare, or where it wins).
+FORWARD_DOTS_ENV = "NLI_JAX_CPU_FORWARD_DOTS"
+_FORWARD_DOTS = {"eigen": {"xla_cpu_experimental_ynn_fusion_type": ""}, "ynnpack": None}
+
+
+def forward_dots() -> str:
+    """NLI_JAX_CPU_FORWARD_DOTS (default "eigen"); an unknown value is a ValueError naming it."""
+    choice = os.environ.get(FORWARD_DOTS_ENV, "eigen")
+    if choice not in _FORWARD_DOTS:
+        raise ValueError(f"{FORWARD_DOTS_ENV}={choice!r}: expected one of {', '.join(_FORWARD_DOTS)}")
+    return choice
+
+
+def forward_compiler_options() -> dict | None:
+    """XLA compiler options for forward-only programs (jax.jit(..., compiler_options=...)):
+    Eigen dots on CPU (see above), XLA's defaults on accelerators."""
+    import jax
+    choice = forward_dots()
+    return _FORWARD_DOTS[choice] if jax.default_backend() == "cpu" else None

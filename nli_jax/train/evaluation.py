@@ -15,7 +15,7 @@ from flax import nnx
 from nli_jax.data import pipeline
 from nli_jax.data.records import InMemorySource
 from nli_jax.plan import BatchPlan
-from nli_jax.train import calibrate
+from nli_jax.train import calibrate, compilation
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.reporting import log
 
@@ -36,7 +36,8 @@ def predict_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
 
     def step(params, batch):
         return {**task.predict(nnx.merge(graphdef, params, rest), batch), "idx": batch["idx"]}
-    return jax.jit(step, in_shardings=(param_shardings, batch_sharding), out_shardings=mesh_lib.replicated(mesh))
+    return jax.jit(step, in_shardings=(param_shardings, batch_sharding), out_shardings=mesh_lib.replicated(mesh),
+                   compiler_options=compilation.forward_compiler_options())
 
 
 class EvalSplit:

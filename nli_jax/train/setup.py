@@ -23,7 +23,7 @@ from nli_jax.models import make_rngs, preset
 from nli_jax.models.config import EncoderConfig
 from nli_jax.plan import ModelPlan, RunPlan
 from nli_jax.tasks import create_task
-from nli_jax.train import evaluation, planner
+from nli_jax.train import compilation, evaluation, planner
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import sharding as sharding_lib
@@ -189,7 +189,8 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
     batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
-                        out_shardings=mesh_lib.replicated(mesh))
+                        out_shardings=mesh_lib.replicated(mesh),
+                        compiler_options=compilation.forward_compiler_options())
     evaluator = evaluation.Evaluator(task, encode, batching, plan.batch, eval_step, batch_sharding,
                                      predict_step=evaluation.predict_step(graphdef, rest, task, param_shardings,
                                                                           batch_sharding, mesh))
