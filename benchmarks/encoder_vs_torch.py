@@ -8,10 +8,14 @@ Shapes are batch x length. Both sides run in float32, deterministic (no dropout)
 dropout 0.1 for forward + backward (the training case). Rounds alternate between the two so
 machine noise hits both; min / median / max of the per-call times are printed, and the process's
 peak RSS after each shape (both frameworks share the process: what the two hold together).
+nli-jax's forward is compiled as the run's evaluation step is (on CPU without XLA's YNNPACK
+fusions; NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps them, to compare), forward + backward as the
+train step is.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -56,11 +60,13 @@ def batch_for(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
 
 def jax_functions(path: str):
     from nli_jax.models import ForSequenceClassification
+    from nli_jax.train import compilation
     model = ForSequenceClassification.from_pretrained(path, num_labels=3, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     rest = nnx.to_pure_dict(rest)  # plain arrays, merged afresh in each trace (as the train step does)
 
-    @jax.jit
+    # Compiled as the run's evaluation step is (nli_jax.train.compilation.forward_compiler_options).
+    @functools.partial(jax.jit, compiler_options=compilation.forward_compiler_options())
     def forward(params, batch):
         m = nnx.merge(graphdef, params, rest)
         return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)
@@ -118,13 +124,17 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    print(f"{machine.line()}; host allocator: {HOST_MALLOC}", flush=True)  # ratios differ between CPUs
+    from nli_jax.train import compilation
+    print(f"{machine.line()}; host allocator: {HOST_MALLOC}; forward dots: {compilation.forward_dots()}",
+          flush=True)  # ratios differ between CPUs
     path = args.model or default_checkpoint()
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     jax_fwd, jax_fwd_bwd = jax_functions(path)
     torch_fwd, torch_fwd_bwd, torch = torch_functions(path)
-    results = {"model": path, "machine": machine.describe(), "host_allocator": HOST_MALLOC, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    results = {"model": path, "machine": machine.describe(), "host_allocator": HOST_MALLOC,
+               "forward_dots": compilation.forward_dots(), "cpu_count": os.cpu_count(),
+               "torch_threads": torch.get_num_threads(),
                "jax": jax.__version__, "torch": torch.__version__, "shapes": {}}
     print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads), float32")
     for shape in args.shapes.split(","):
