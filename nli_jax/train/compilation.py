@@ -83,11 +83,12 @@ def configure_cache(directory: str | None) -> str | None:
 
 # XLA:CPU runs dots either through YNNPACK fusions (a dot with its elementwise and reduction
 # neighbours, XLA's default) or through its own Eigen-based dot thunks. Measured on an AMD EPYC
-# (avx512, 2 cores) with `python benchmarks/encoder_vs_torch.py --model=DIR --shapes=...`: forward
-# passes ran 17-20% faster without YNNPACK (a 12 x 384 BERT at 64 x 128, BERT-base at 64 x 128;
-# 8% at 16 x 512), training steps 4% slower on BERT-base (`benchmarks/mlm_train_step.py`). So only
-# the forward-only programs (evaluation and prediction) drop it, and only on CPU.
-# NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps XLA's default there too (to compare, or where it wins).
+# (avx512, 2 cores), a 12 x 384 x 250k BERT's forward at 64 x 128 / 16 x 512 took 2.27 / 2.76 s on
+# Eigen dots against 2.54 / 2.90 s with YNNPACK (`NLI_JAX_CPU_FORWARD_DOTS=eigen|ynnpack python
+# benchmarks/encoder_vs_torch.py --model=DIR --shapes=64x128,16x512 --rounds=2`), while the
+# BERT-base MLM training step was faster with YNNPACK (1.44x PyTorch against 1.32x,
+# benchmarks/mlm_train_step.py). So only the forward-only programs (evaluation and prediction)
+# drop it, and only on CPU. NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps XLA's default there too.
 FORWARD_DOTS_ENV = "NLI_JAX_CPU_FORWARD_DOTS"
 _FORWARD_DOTS = {"eigen": {"xla_cpu_experimental_ynn_fusion_type": ""}, "ynnpack": None}
 
