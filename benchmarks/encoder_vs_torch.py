@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # As the command line does, before JAX runs anything or anything is printed (it may re-execute the
 # interpreter; PyTorch shares the process and the allocator setting).
-from nli_jax.train import host_memory  # noqa: E402
+from nli_jax.train import compilation, host_memory  # noqa: E402
 
 HOST_MALLOC = host_memory.configure()
 
@@ -60,7 +60,6 @@ def batch_for(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
 
 def jax_functions(path: str):
     from nli_jax.models import ForSequenceClassification
-    from nli_jax.train import compilation
     model = ForSequenceClassification.from_pretrained(path, num_labels=3, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     rest = nnx.to_pure_dict(rest)  # plain arrays, merged afresh in each trace (as the train step does)
@@ -124,7 +123,6 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    from nli_jax.train import compilation
     print(f"{machine.line()}; host allocator: {HOST_MALLOC}; forward dots: {compilation.forward_dots()}",
           flush=True)  # ratios differ between CPUs
     path = args.model or default_checkpoint()
