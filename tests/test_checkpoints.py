@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -202,6 +203,54 @@ def test_pytorch_bin_checkpoint_loads_with_weights_only(tmp_path):
     out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     assert _max_diff(out["mlm_logits"], ref.prediction_logits) <= TOLERANCE
     assert _max_diff(out["sentence_logits"], ref.seq_relationship_logits) <= TOLERANCE
+
+
+def test_from_pretrained_draws_only_what_the_checkpoint_lacks(minilm_dir):
+    """The encoder is the checkpoint's; the new classifier and the RNG streams are what a full
+    initialisation with the seed gives (drawn in one compiled program: within float32 rounding
+    of the eager draw), so a run starts as it did when every parameter was drawn first."""
+    from nli_jax.checkpoints import hf
+    from nli_jax.models import make_rngs
+    from nli_jax.models.config import EncoderConfig
+    model = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=7)
+    full = ForSequenceClassification(EncoderConfig.from_hf_dict(hf.read_config(minilm_dir)), rngs=make_rngs(7),
+                                     num_labels=3)
+    loaded = dict(nnx.to_flat_state(nnx.state(model)))
+    drawn = dict(nnx.to_flat_state(nnx.state(full)))
+    assert loaded.keys() == drawn.keys()
+    weights = hf.read_weights(minilm_dir)
+    np.testing.assert_array_equal(loaded[("encoder", "embeddings", "word", "embedding")].get_value(),
+                                  weights["embeddings.word_embeddings.weight"])
+    # Not from the checkpoint: the classifier, and every RNG stream (the encoder's dropouts' too).
+    fresh = [p for p, v in loaded.items() if p[0] != "encoder" or not isinstance(v, nnx.Param)]
+    assert ("classifier", "out", "kernel") in fresh and ("encoder", "embeddings", "dropout", "rngs", "key") in fresh
+    for path in fresh:
+        a, b = loaded[path].get_value(), drawn[path].get_value()
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-7, err_msg=str(path))
+    # Another seed draws another head: the values come from the seed, not from the checkpoint.
+    other = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=8)
+    assert not np.allclose(nnx.state(other)["classifier"]["out"]["kernel"].get_value(),
+                           loaded[("classifier", "out", "kernel")].get_value())
+
+
+def test_bfloat16_safetensors_checkpoint_loads(tmp_path):
+    """numpy has no bfloat16: such a file is read through the flax framework, to float32."""
+    from safetensors.torch import save_file
+    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    reference = _randomise(transformers.BertForMaskedLM(config)).to(torch.bfloat16).float()
+    config.to_json_file(str(tmp_path / "config.json"))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in reference.state_dict().items()
+               if "position_ids" not in k and k != "cls.predictions.decoder.weight"},
+              str(tmp_path / "model.safetensors"))
+    model = ForMaskedLM.from_pretrained(str(tmp_path))
+    batch = _random_batch(300, 0)
+    with torch.no_grad():
+        ref = reference(**_torch_inputs(batch)).logits
+    out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert _max_diff(out["mlm_logits"], ref) <= TOLERANCE
 
 
 EXPORTS = [

@@ -213,18 +213,49 @@ def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: bool | N
         if key not in head_kwargs and key in saved_heads:
             head_kwargs[key] = saved_heads[key]
     weights = _canonical(config, hf.read_weights(directory))
-    model = cls(config, rngs=make_rngs(seed), **head_kwargs)  # a "dropout" stream: the train step reseeds it
+    model = _model_to_load(cls, config, seed, head_kwargs, weights)
     load_weights(model, weights, source=directory, strict=strict)
     return model
+
+
+def _model_to_load(cls, config: EncoderConfig, seed: int, head_kwargs: dict, weights: dict):
+    """`cls` ready for `weights` to be loaded over it: the parameters the checkpoint holds are left
+    abstract (drawing them at random first cost seconds: 3.4 s on a 250k-vocabulary, 12-layer
+    model), and everything else (new heads, the RNG streams; a "dropout" stream the train step
+    reseeds) gets the very values a full initialisation with `seed` gives, from one compiled
+    program that draws nothing else."""
+    def build():
+        return cls(config, rngs=make_rngs(seed), **head_kwargs)
+
+    abstract = nnx.eval_shape(build)
+    provided = {e.path for e in _checkpoint_entries(abstract) if e.hf_name in weights}
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    drawn_paths = [path for path in flat if path not in provided]
+
+    def initialise_the_rest():
+        values = dict(nnx.to_flat_state(nnx.state(build())))
+        return [values[path].get_value() for path in drawn_paths]
+
+    for path, value in zip(drawn_paths, jax.jit(initialise_the_rest)()):
+        flat[path].set_value(value)
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _checkpoint_entries(model: "PretrainedModel") -> list[Entry]:
+    """parameter_entries under the names a checkpoint's weights have after _canonical."""
+    entries = parameter_entries(model)
+    if model.hf_base_model:  # canonical keys carry the prefix
+        prefix = _PREFIX[model.config.model_type] + "."
+        entries = [dataclasses.replace(e, hf_name=prefix + e.hf_name) for e in entries]
+    return entries
 
 
 def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, source: str = "checkpoint",
                  strict: bool = True) -> None:
     config = model.config
     prefix = _PREFIX[config.model_type] + "."
-    entries = parameter_entries(model)
-    if model.hf_base_model:  # canonical keys carry the prefix
-        entries = [dataclasses.replace(e, hf_name=prefix + e.hf_name) for e in entries]
+    entries = _checkpoint_entries(model)
     state = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(state))
     missing, mismatched, fresh, used = [], [], [], set()
@@ -264,7 +295,7 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
     if heads_unused:
         log.info("%s: unused checkpoint weights (other heads): %s", type(model).__name__, heads_unused)
     for path, value in new_values.items():
-        flat[path].set_value(jax.numpy.asarray(value, dtype=flat[path][...].dtype))
+        flat[path].set_value(jax.numpy.asarray(value, dtype=flat[path].get_value().dtype))
     nnx.update(model, nnx.from_flat_state(flat))
 
 
