@@ -151,7 +151,7 @@ def run_transformers(config, workdir: str, eval_every: int) -> tuple[list[dict],
     run, steps, train_source, _ = loop._checked_setup(plan, workdir)
     model, optimizer, scheduler = torch_model_and_optimizer(run, plan)
     model.train()
-    batches = iter(loop._train_batches(run, train_source))
+    batches = iter(loop._train_batches(run, train_source).iterator(plan.data.workers))
     rows, start = [], time.time()
     for step in range(1, steps.total_steps + 1):
         batch = next(batches)

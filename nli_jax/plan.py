@@ -119,6 +119,7 @@ class DataPlan:
     buckets: tuple = _field("ints", 1)  # as configured; BatchPlan.buckets is what batches use
     pad_to_max_length: bool = _bool()
     packing: bool = _bool()
+    compile_cost_tokens: int = _int(0)  # packed step shapes: pipeline.plan_packed_shapes
     hypothesis_only: bool = _bool()
     word_alignment: str = _choice("average", "first")
     train_size: str = _choice("", "50k", "30k", "10k", "3k")

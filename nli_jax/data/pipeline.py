@@ -53,12 +53,104 @@ def packed_shape(lengths: Sequence[int], *, groups: int, buckets: Sequence[int])
     """(rows per group, row length) of a packed global batch with these example lengths (in
     global order, cut into `groups` contiguous groups): rows are as long as the bucket of the
     longest example, and every group gets the most rows any group needs."""
+    needs = packed_needs(lengths, groups=groups, buckets=buckets, longer=False)
+    return needs[min(needs)], min(needs)
+
+
+def packed_needs(lengths: Sequence[int], *, groups: int, buckets: Sequence[int], longer: bool = True) -> dict[int, int]:
+    """{row length: rows per group} a packed global batch with these example lengths needs, for
+    its own bucket (that of its longest example) and (`longer`) every longer one: each group's
+    first-fit-decreasing row count, the most of any group, rounded up (_rounded_rows)."""
     lengths = np.asarray(lengths)
-    capacity = bucket_length(buckets, int(lengths.max()))
+    own = bucket_length(buckets, int(lengths.max()))
     per_group = len(lengths) // groups
-    needed = max(len(first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity))
-                 for g in range(groups))
-    return _rounded_rows(needed, per_group), capacity
+    capacities = [own] + ([b for b in buckets if b > own] if longer else [])
+    return {capacity: _rounded_rows(max(len(first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity))
+                                        for g in range(groups)), per_group)
+            for capacity in capacities}
+
+
+def _cheapest_shape(needs: dict[int, int], shapes) -> tuple[int, int] | None:
+    fitting = [(rows * length, length, rows) for rows, length in shapes if needs.get(length, rows + 1) <= rows]
+    if not fitting:
+        return None
+    _, length, rows = min(fitting)
+    return rows, length
+
+
+def choose_packed_shape(needs: dict[int, int], shapes: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(rows per group, row length): of `shapes`, the one with the fewest tokens (rows x length;
+    then the shorter rows) that holds a batch with these `needs` (packed_needs); a batch that fits
+    none takes its own bucket and row count (packed_shape's)."""
+    own = min(needs)
+    return _cheapest_shape(needs, shapes) or (needs[own], own)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedShapePlan:
+    """The packed shapes a run's training steps take: `shapes` as (rows per group, row length),
+    what Batching.pack chooses from, and `per_step` the shape each step takes, in order (a batch
+    that fits none of `shapes` takes its own)."""
+    shapes: tuple[tuple[int, int], ...]
+    per_step: tuple[tuple[int, int], ...]
+    default_shapes: int  # how many shapes the steps would take without planning
+    extra_tokens: int  # tokens (rows x length, all groups) computed beyond the unplanned shapes
+
+    def describe(self) -> str:
+        counts = collections.Counter(self.per_step)
+        listed = ", ".join(f"{rows} x {length}: {n}" for (rows, length), n in counts.items())
+        return (f"{len(counts)} packed step shape(s) (rows per group x length: steps) instead of "
+                f"{self.default_shapes}: {listed}; {self.extra_tokens:+d} tokens computed over "
+                f"{len(self.per_step)} steps")
+
+
+def apply_packed_shapes(shapes: Sequence[tuple[int, int]], lengths_of_batches: Sequence[np.ndarray], *,
+                        groups: int, buckets: Sequence[int]) -> PackedShapePlan:
+    """The shape each of these global batches takes given the planned `shapes` (choose_packed_shape)."""
+    needs = [packed_needs(lengths, groups=groups, buckets=buckets) for lengths in lengths_of_batches]
+    own = [choose_packed_shape(n, ()) for n in needs]
+    choice = [choose_packed_shape(n, shapes) for n in needs]
+    extra = groups * (sum(r * c for r, c in choice) - sum(r * c for r, c in own))
+    return PackedShapePlan(shapes=tuple(shapes), per_step=tuple(choice), default_shapes=len(set(own)),
+                           extra_tokens=extra)
+
+
+def plan_packed_shapes(lengths_of_batches: Sequence[np.ndarray], *, groups: int, buckets: Sequence[int],
+                       compile_cost_tokens: int) -> PackedShapePlan:
+    """The set of packed step shapes that minimises tokens computed + `compile_cost_tokens` per
+    shape compiled, over these global batches (each given by its examples' lengths, in global
+    order; `groups` packing groups over all processes). Every batch's own shape (packed_shape) is
+    a candidate; the shape whose removal adds the fewest tokens is dropped while that is less
+    than a compilation costs, its batches taking their next-cheapest shape that holds them (more
+    rows, or longer rows). The plan changes which padding rows a step computes, not which
+    examples it trains on or their loss."""
+    needs = [packed_needs(lengths, groups=groups, buckets=buckets) for lengths in lengths_of_batches]
+    shapes = sorted({choose_packed_shape(n, ()) for n in needs})
+    choice = [choose_packed_shape(n, shapes) for n in needs]
+    while len(shapes) > 1:
+        users = collections.defaultdict(list)
+        for b, shape in enumerate(choice):
+            users[shape].append(b)
+        best = None  # (tokens added, shape removed, its batches' new shapes)
+        for shape in shapes:
+            rest = [s for s in shapes if s != shape]
+            moved, extra = [], 0
+            for b in users[shape]:
+                other = _cheapest_shape(needs[b], rest)
+                if other is None:  # no other shape holds this batch
+                    extra = None
+                    break
+                moved.append((b, other))
+                extra += other[0] * other[1] - shape[0] * shape[1]
+            if extra is not None and extra < compile_cost_tokens and (best is None or extra < best[0]):
+                best = (extra, shape, moved)
+        if best is None:
+            break
+        shapes.remove(best[1])
+        for b, other in best[2]:
+            choice[b] = other
+    used = sorted(set(choice), key=choice.index)  # in order of first use
+    return apply_packed_shapes(used, lengths_of_batches, groups=groups, buckets=buckets)
 
 
 # Packed evaluation rows are at least this long (or the longest bucket, if shorter), so that
@@ -77,12 +169,16 @@ class Batching:
     `pack` (training, when `packing_groups` > 0; evaluation, when `eval_packing_groups` > 0):
     several examples per row, each attending to itself only, in that many groups per process.
     `per_example_fields`: fields with a pad value that stay one row per example when packed
-    (tagging's word alignment and word labels), padded to the rows' length."""
+    (tagging's word alignment and word labels), padded to the rows' length.
+    `packed_shapes`: the (rows per group, row length) packed training batches may take (a run's
+    plan_packed_shapes): each takes the one with the fewest tokens that holds it. Empty: each
+    takes its own bucket and row count (packed_shape)."""
     buckets: tuple[int, ...]
     pad_values: tuple[tuple[str, int], ...]
     packing_groups: int = 0
     eval_packing_groups: int = 0
     per_example_fields: tuple[str, ...] = ()
+    packed_shapes: tuple[tuple[int, int], ...] = ()
     random: ClassVar[bool] = False  # whether batches draw random numbers (MLM masking)
 
     @property
@@ -143,14 +239,16 @@ class Batching:
         if per_group * groups != len(rows):
             raise ValueError(f"{len(rows)} examples do not split into {groups} packing groups")
         lengths = [len(r["input_ids"]) for r in rows]
-        capacity = bucket_length(self.buckets, max(lengths) if global_lengths is None else int(np.max(global_lengths)))
+        # The shape is the whole global batch's (other processes hold the rest of `global_lengths`).
+        every, all_groups = (lengths, groups) if global_lengths is None else \
+            (global_lengths, groups * (len(global_lengths) // len(rows)))
+        if self.packed_shapes:  # the run's planned shapes
+            rows_per_group, capacity = choose_packed_shape(packed_needs(every, groups=all_groups, buckets=self.buckets),
+                                                           self.packed_shapes)
+        else:
+            rows_per_group, capacity = packed_shape(every, groups=all_groups, buckets=self.buckets)
         group_bins = [[sorted(b) for b in first_fit_decreasing(lengths[g * per_group:(g + 1) * per_group], capacity)]
                       for g in range(groups)]
-        if global_lengths is None:
-            rows_per_group = _rounded_rows(max(len(bins) for bins in group_bins), per_group)
-        else:  # every other process's groups too
-            rows_per_group, _ = packed_shape(global_lengths, groups=groups * (len(global_lengths) // len(rows)),
-                                             buckets=self.buckets)
         return self.assemble(rows, group_bins, rows_per_group=rows_per_group, capacity=capacity)
 
     def assemble(self, rows: Sequence[dict], group_bins: list[list[list[int]]], *, rows_per_group: int,
@@ -309,21 +407,68 @@ def encoded_lengths(source, encode: Callable[[dict], dict], process_index: int, 
     return lengths
 
 
-def train_dataset(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, seed: int,
-                  num_epochs: int, process_index: int = 0, process_count: int = 1,
-                  workers: int = 0, lengths: np.ndarray | None = None) -> grain.IterDataset:
+# Batches a run plans its packed shapes from (plan_packed_shapes), and looks ahead at.
+PLANNED_BATCHES = 8192
+PLAN_ORDER_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingBatches:
+    """A run's training batches: `batches[b]` is this process's part of global batch b (random
+    access: the loop reads one batch of each planned shape ahead, to compile its step), and
+    `plan` the packed shapes the steps take (None: not planned)."""
+    batches: grain.MapDataset
+    plan: PackedShapePlan | None = None
+
+    def iterator(self, workers: int = 0) -> grain.IterDataset:
+        it = self.batches.to_iter_dataset()
+        if workers > 0:
+            # grain workers read absl flags: parse them when the program did not (argparse, pytest).
+            # The program still needs a __main__ guard; a saved iterator state restores only with
+            # the same worker count.
+            from absl import flags
+            if not flags.FLAGS.is_parsed():
+                flags.FLAGS.mark_as_parsed()
+            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+        return it
+
+
+def training_batches(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, seed: int,
+                     num_epochs: int, process_index: int = 0, process_count: int = 1,
+                     lengths: np.ndarray | None = None, compile_cost_tokens: int = 0,
+                     steps: int | None = None) -> TrainingBatches:
     """Global batches do not depend on the number of processes or devices: the split is
     shuffled with `seed` (a new order each epoch) identically everywhere, cut into global
     batches, and each process reads only its contiguous rows of each global batch. The grain
     element is a batch, so per-example pipeline overhead is paid once per batch. `lengths`
     (encoded_lengths of the source): each batch is padded to the bucket of the global batch's
-    longest row, so processes agree on shapes without padding everything to the maximum."""
+    longest row, so processes agree on shapes without padding everything to the maximum; with
+    packing and `compile_cost_tokens` > 0, the packed shapes are planned from them
+    (plan_packed_shapes) so that the run compiles fewer train steps, and `plan` gives the shape of
+    each of its first `steps` batches (default: all)."""
     global_batch = local_batch_size * process_count
     if len(source) < global_batch:
         raise ValueError(f"training split has {len(source)} examples, fewer than one global batch of {global_batch}")
     num_batches = len(source) * num_epochs // global_batch
     if batching.random:
         lengths = None  # batch-level random batchings (MLM) produce fixed shapes
+    plan = None
+    if lengths is not None and compile_cost_tokens > 0 and getattr(batching, "packing_groups", 0):
+        groups = batching.packing_groups * process_count
+
+        def batches(order: EpochPermutations, count: int) -> list[np.ndarray]:
+            return [lengths[order(b * global_batch + np.arange(global_batch))] for b in range(count)]
+
+        # Planned on an epoch in an order of its own (not the run's seed), so that runs and sweep
+        # cells that differ in seed or learning rate take, and compile, the same shapes.
+        shapes = plan_packed_shapes(batches(EpochPermutations(len(source), PLAN_ORDER_SEED),
+                                            min(len(source) // global_batch, PLANNED_BATCHES)),
+                                    groups=groups, buckets=batching.buckets,
+                                    compile_cost_tokens=compile_cost_tokens).shapes
+        plan = apply_packed_shapes(shapes, batches(EpochPermutations(len(source), seed),
+                                                   min(num_batches, steps or num_batches, PLANNED_BATCHES)),
+                                   groups=groups, buckets=batching.buckets)
+        batching = dataclasses.replace(batching, packed_shapes=shapes)
     ds = grain.MapDataset.range(num_batches).map(
         _ProcessBatch(source, encode, global_batch, local_batch_size, process_index, seed, lengths))
     if lengths is not None:
@@ -334,16 +479,17 @@ def train_dataset(source, encode: Callable[[dict], dict], batching, *, local_bat
         ds = ds.random_map(_RandomTrainingBatch(batching), seed=seed)
     else:
         ds = ds.map(_TrainingBatch(batching))
-    it = ds.to_iter_dataset()
-    if workers > 0:
-        # grain workers read absl flags: parse them when the program did not (argparse, pytest).
-        # The program still needs a __main__ guard; a saved iterator state restores only with
-        # the same worker count.
-        from absl import flags
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    return it
+    return TrainingBatches(ds, plan)
+
+
+def train_dataset(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, seed: int,
+                  num_epochs: int, process_index: int = 0, process_count: int = 1,
+                  workers: int = 0, lengths: np.ndarray | None = None,
+                  compile_cost_tokens: int = 0) -> grain.IterDataset:
+    """training_batches(...) as a checkpointable iterable (`workers` grain worker processes)."""
+    return training_batches(source, encode, batching, local_batch_size=local_batch_size, seed=seed,
+                            num_epochs=num_epochs, process_index=process_index, process_count=process_count,
+                            lengths=lengths, compile_cost_tokens=compile_cost_tokens).iterator(workers)
 
 
 def eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batch_size: int, dummy: dict,

@@ -17,14 +17,17 @@ _HITS, _MISSES = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/ca
 
 _lock = threading.Lock()
 _totals = {"programs": 0, "seconds": 0.0, "cache_hits": 0, "cache_misses": 0}
+_by_function: dict[str, int] = {}  # programs compiled per jitted function name (train_step: one per shape)
 _listening = False
 
 
-def _on_duration(event: str, duration_secs: float, **_) -> None:
+def _on_duration(event: str, duration_secs: float, fun_name: str | None = None, **_) -> None:
     if event == _COMPILE:
         with _lock:
             _totals["programs"] += 1
             _totals["seconds"] += duration_secs
+            if fun_name:
+                _by_function[fun_name] = _by_function.get(fun_name, 0) + 1
 
 
 def _on_event(event: str, **_) -> None:
@@ -47,14 +50,17 @@ def listen() -> None:
 
 def totals() -> dict:
     with _lock:
-        return dict(_totals)
+        return dict(_totals, by_function=dict(_by_function))
 
 
 def since(before: dict) -> dict:
-    """What was compiled after `before` (a totals() snapshot), with the cache directory in use."""
+    """What was compiled after `before` (a totals() snapshot), with the cache directory in use;
+    `by_function`: programs per jitted function (a train step's count is its shapes)."""
     import jax
     now = totals()
-    out = {k: now[k] - before[k] for k in now}
+    out = {k: now[k] - before[k] for k in now if k != "by_function"}
+    out["by_function"] = {name: n - before["by_function"].get(name, 0) for name, n in sorted(now["by_function"].items())
+                          if n > before["by_function"].get(name, 0)}
     out["seconds"] = round(out["seconds"], 3)
     out["cache_dir"] = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
     return out

@@ -13,7 +13,6 @@ predictions.jsonl.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 
@@ -84,13 +83,13 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
-    params = _best_params(run, state, bookkeeping)
+    params, evaluated_step = _best_params(run, state, bookkeeping)
     results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits], reused=reused,
                                         fit_temperature=True)
     if "calibration" in results:  # stored with the best parameters, for evaluate / predict / export
         calibrate.write_temperature(workdir, results["calibration"]["temperature"],
                                     dict(results["calibration"], best_step=bookkeeping["best_step"]))
-    results.update(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"],
+    results.update(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
                    stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
                    train_tokens=bookkeeping["train_tokens"], compilation=compilation.since(compiled_before))
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
@@ -142,15 +141,21 @@ def _checked_setup(plan: RunPlan, workdir: str):
 
 
 def _best_params(run: RunSetup, state, bookkeeping: dict):
-    """The parameters of the run's best evaluation (best/, pruned to that step), else the final ones."""
+    """(parameters, step) of the run's best evaluation (best/, pruned to that step), else the
+    final ones. When the best step is the final one, best/ holds the parameters in memory: they
+    are not read back (on a 117M-parameter model that read was 2-3 s of every short fine-tuning run)."""
+    final_step = int(jax.device_get(state["step"]))
     ckpt = Checkpointer(run.workdir, keep=run.plan.train.keep_checkpoints, async_save=False)
     try:
-        best, _ = ckpt.restore_best(abstract_like(state["params"]), step=bookkeeping["best_step"],
-                                    abstract_state=abstract_like(state))
+        if bookkeeping["best_step"] is not None and bookkeeping["best_step"] == final_step:
+            best = state["params"]
+        else:
+            best, _ = ckpt.restore_best(abstract_like(state["params"]), step=bookkeeping["best_step"],
+                                        abstract_state=abstract_like(state))
         ckpt.prune_best(bookkeeping["best_step"])
     finally:
         ckpt.close()
-    return best if best is not None else state["params"]
+    return (best, bookkeeping["best_step"]) if best is not None else (state["params"], final_step)
 
 
 # --- the training loop ----------------------------------------------------------------------
@@ -171,10 +176,12 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                                                lr_factor=plan.optimizer.lr,
                                                accumulation=plan.batch.accumulation,
                                                per_example=bool(recorder and not recorder.every_steps))
-    train_iter = iter(_train_batches(run, train_source))
+    batches = _train_batches(run, train_source, steps.total_steps)
+    train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
     state, bookkeeping = _resume(ckpt, state, train_iter)
     step = int(jax.device_get(state["step"]))
+    train_step.compile_ahead(state, _one_batch_per_shape(run, batches, step, steps.total_steps))
     if recorder:
         recorder.start(step)
     run_state = {"total_steps": steps.total_steps}
@@ -199,7 +206,9 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                 _report(reporter, pending, step, steps)
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
-                best_evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping) or best_evaluation
+                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping)
+                if bookkeeping["best_step"] == step:
+                    best_evaluation = (step, evaluation)
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
             if step % steps.checkpoint_every == 0 or step == steps.total_steps or bookkeeping["stopped_early"]:
                 recorder and recorder.write(step)  # the records up to a checkpoint, before it
@@ -248,23 +257,75 @@ def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_
                        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     run_values = {"seed": mesh_lib.put_global(np.uint32(seed), replicated),
                   "lr": mesh_lib.put_global(np.float32(lr_factor), replicated)}
-    return state, functools.partial(_bound_step, compiled, run_values)
+    return state, TrainStep(compiled, run_values)
 
 
-def _bound_step(compiled, run_values, state, batch):
-    return compiled(state, batch, run_values)
+class TrainStep:
+    """The jitted train step with the run's seed and learning rate bound: step(state, batch) ->
+    (state, metrics). `compile_ahead` compiles it for the shapes the run's batches will take,
+    in background threads, before they are needed (XLA compiles with the GIL released, so two
+    shapes compile side by side on two cores); a step then waits for its shape's compilation
+    rather than starting a second one."""
+
+    def __init__(self, jitted, run_values: dict):
+        self.jitted, self.run_values = jitted, run_values
+        self._ahead: dict = {}  # shape key -> Future of its compilation
+
+    def __call__(self, state, batch):
+        pending = self._ahead.pop(_shape_key(batch), None) if self._ahead else None
+        if pending is not None:
+            pending.result()  # its compilation's error, if any, is raised here
+        return self.jitted(state, batch, self.run_values)
+
+    def compile_ahead(self, state, batches: list[dict]) -> None:
+        """Compiles the step for each batch's shapes (global arrays; in order of first use).
+        The programs land in the jit's own cache (and the persistent cache, when on)."""
+        if len(batches) < 2:
+            return  # one shape: the first step compiles it as soon as anything could
+        from concurrent.futures import ThreadPoolExecutor
+        abstract_state = abstract_like(state)
+        pool = ThreadPoolExecutor(max_workers=min(len(batches), os.cpu_count() or 1),
+                                  thread_name_prefix="compile_ahead")
+        for batch in batches:
+            abstract = abstract_like(batch)
+            self._ahead[_shape_key(batch)] = pool.submit(
+                lambda a=abstract: self.jitted.lower(abstract_state, a, self.run_values).compile())
+        pool.shutdown(wait=False)
 
 
-def _train_batches(run: RunSetup, train_source):
+def _shape_key(batch: dict) -> tuple:
+    return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
+def _train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
     """This process's rows of each global training batch (a checkpointable grain iterable).
     Several processes: each pads (or packs) its rows to the shape the whole global batch needs,
-    known from every example's length (gathered once here), so shapes agree with no per-step exchange."""
+    known from every example's length (gathered once here), so shapes agree with no per-step exchange.
+    Packed batches: the run's step shapes are planned from those lengths (data.compile_cost_tokens)."""
     batch, pc, pi = run.plan.batch, run.plan.batch.processes, run.plan.batch.process_index
+    plans_shapes = getattr(run.batching, "packing_groups", 0) and run.plan.data.compile_cost_tokens > 0
     lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
-               if pc > 1 and run.batching.needs_global_lengths else None)
-    return pipeline.train_dataset(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
-                                  seed=run.plan.seed, num_epochs=run.plan.train.num_epochs, process_index=pi,
-                                  process_count=pc, workers=run.plan.data.workers, lengths=lengths)
+               if (pc > 1 and run.batching.needs_global_lengths) or plans_shapes else None)
+    batches = pipeline.training_batches(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
+                                        seed=run.plan.seed, num_epochs=run.plan.train.num_epochs, process_index=pi,
+                                        process_count=pc, lengths=lengths,
+                                        compile_cost_tokens=run.plan.data.compile_cost_tokens, steps=total_steps)
+    if batches.plan is not None:
+        log.info("training steps: %s (data.compile_cost_tokens=%d)", batches.plan.describe(),
+                 run.plan.data.compile_cost_tokens)
+    return batches
+
+
+def _one_batch_per_shape(run: RunSetup, batches: pipeline.TrainingBatches, step: int, total_steps: int) -> list[dict]:
+    """A global batch of each packed shape the steps from `step` on will take, in order of first
+    use (none when the shapes were not planned)."""
+    if batches.plan is None:
+        return []
+    remaining = batches.plan.per_step[step:total_steps]
+    first = {}
+    for offset, shape in enumerate(remaining):
+        first.setdefault(shape, step + offset)
+    return [pipeline.to_global(batches.batches[b], run.batch_sharding) for b in first.values()]
 
 
 def _record(recorder: dynamics.Recorder, run: RunSetup, train_source, step: int, outcomes, params) -> None:
@@ -332,7 +393,7 @@ def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> No
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
               bookkeeping: dict):
     """Evaluates on the validation split, keeps the best parameters and decides on early
-    stopping; returns (step, SplitEvaluation) when this evaluation is the best so far."""
+    stopping; returns the SplitEvaluation."""
     task, patience = run.task, run.plan.train.early_stopping_patience
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
@@ -342,11 +403,9 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
     bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
                                    task.validation_split: tracked})
-    best = None
     if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"]:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
-        best = (step, evaluation)
     else:
         bookkeeping["evals_without_improvement"] += 1
         if patience and bookkeeping["evals_without_improvement"] >= patience:
@@ -354,7 +413,7 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     log.info("eval step %d: %s %s %.4f (best %.4f at step %d)%s", step, task.validation_split, task.primary_metric,
              metric, bookkeeping["best_metric"], bookkeeping["best_step"],
              " -> early stop" if bookkeeping["stopped_early"] else "")
-    return best
+    return evaluation
 
 
 class _Padding:
