@@ -149,6 +149,11 @@ def test_electra_pretraining_learns_to_detect_replacements_and_exports_for_trans
     # The discriminator learns: what it calls replaced is replaced far more often than the share
     # of replaced tokens (the precision of calling every token replaced), and it finds some.
     assert heldout["replaced_precision"] > 3 * heldout["replaced_share"] and heldout["replaced_f1"] > 0.15, heldout
+    # The results describe the exported model: the final step's parameters, whichever step's
+    # replaced-token F1 was highest.
+    assert results["evaluated_step"] == results["steps"] == 80
+    assert results["history"][-1]["step"] == 80
+    assert results["history"][-1]["heldout"]["replaced_f1"] == heldout["replaced_f1"]
     curve = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]
     losses = [row["train/loss"] for row in curve if "train/loss" in row]
     assert losses[-1] < 0.8 * losses[0], losses

@@ -41,6 +41,10 @@ def single_min_length(tokenizer) -> tuple[int, str]:
 class Task(abc.ABC):
     name: str = ""
     primary_metric: str = "accuracy"  # on the validation split: early stopping and best checkpoint
+    # Whether the run's parameters (best/, results.json, evaluate, predict, export_best) are its
+    # latest evaluated step's rather than the best by primary_metric: pretraining, whose product
+    # (the export) is its last model whatever a held-out metric did on the way.
+    reports_final_parameters: bool = False
     # Further validation metrics kept at every evaluation (results.json's history, tensorboard).
     tracked_metrics: tuple[str, ...] = ()
     train_split: str = "train"

@@ -39,6 +39,7 @@ def _corpus_files(patterns) -> list[str]:
 class Pretraining(Task):
     name = "pretraining"
     primary_metric = "mlm_accuracy"
+    reports_final_parameters = True  # the export is the final step's encoder; results describe it
     tracked_metrics = ("mask_input_accuracy", "mask_input_constant_baseline")
     validation_split = "heldout"
     # Checkpoints (model.init) this objective continues, and what it trains them as.

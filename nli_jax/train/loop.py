@@ -392,8 +392,8 @@ def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> No
 
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
               bookkeeping: dict):
-    """Evaluates on the validation split, keeps the best parameters and decides on early
-    stopping; returns the SplitEvaluation."""
+    """Evaluates on the validation split, keeps the best parameters (a task that reports its final
+    parameters: the latest) and decides on early stopping; returns the SplitEvaluation."""
     task, patience = run.task, run.plan.train.early_stopping_patience
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
@@ -403,7 +403,7 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
     bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
                                    task.validation_split: tracked})
-    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"]:
+    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or task.reports_final_parameters:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
     else:
