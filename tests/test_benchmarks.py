@@ -140,3 +140,34 @@ def test_downstream_gain_compares_a_pretrained_export_with_random_init_on_real_s
     # The pretrained arm starts from the export (its encoder weights), the random arm does not.
     logs = {arm: (work / f"smsa_{arm}_seed1" / "train.log").read_text() for arm in ("pretrained", "random")}
     assert str(pre / "export") in logs["pretrained"] and str(pre / "export") not in logs["random"]
+
+
+@pytest.mark.slow  # a 20-step BERT and a few ELECTRA-small steps on a slice of the real corpus: minutes
+def test_electra_vs_bert_puts_both_runs_on_one_wall_clock(tmp_path, shared_data):
+    """benchmarks/electra_vs_bert.py after a BERT run of benchmarks/pretrain_recipe_search.py on the
+    same prepared corpus: ELECTRA-small gets the steps its budget buys at the given rate, both
+    held-out curves come with their wall times, and the plot is written."""
+    corpus = tmp_path / "data" / "id_corpus_sample"
+    corpus.mkdir(parents=True)
+    for file in sorted((shared_data / "id_corpus_sample").glob("*.txt"))[:2]:
+        with open(file, encoding="utf-8") as f:
+            (corpus / file.name).write_text("".join(line for _, line in zip(range(3000), f)), encoding="utf-8")
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, "benchmarks/pretrain_recipe_search.py", f"--workdir={work}",
+                           f"--data={tmp_path / 'data'}", "--name=bert", "--steps=20", "--eval_every=10"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = subprocess.run([sys.executable, "benchmarks/electra_vs_bert.py", f"--workdir={work}",
+                           f"--data={tmp_path / 'data'}", f"--bert_run={work / 'runs' / 'bert'}", "--seconds=10",
+                           "--seconds_per_step=1.0", "--evaluations=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.startswith("CPU: ") and "-> 8 steps" in proc.stdout  # 10 s at 1 s a step, 2 evaluations
+    result = json.loads((work / "electra_vs_bert.json").read_text())
+    assert [r["step"] for r in result["bert"]] == [10, 20]
+    assert [r["step"] for r in result["electra"]] == [4, 8]
+    for row in result["bert"] + result["electra"]:
+        assert row["seconds"] is not None and 0 <= row["mlm_accuracy"] <= 1
+    assert all(0 <= r["replaced_f1"] <= 1 for r in result["electra"])
+    assert result["electra"][-1]["seconds"] >= result["electra"][0]["seconds"]
+    assert (work / "electra_vs_bert.png").stat().st_size > 0
