@@ -73,6 +73,8 @@ def main():
     parser.add_argument("--init_range", type=float, default=0.02)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--eval_every", type=int, default=250)
+    parser.add_argument("--prepare_only", action="store_true",
+                        help="build the corpus shards, vocabulary and --length examples under --workdir, then stop")
     args = parser.parse_args()
     print(machine.line(), flush=True)  # ratios differ between CPUs
     from absl import flags
@@ -83,6 +85,9 @@ def main():
     from configs.pretrain import indobert_base
     from nli_jax.train.loop import train_and_evaluate
     vocab_dir, examples_dir = prepared(args)
+    if args.prepare_only:
+        print(f"vocabulary {vocab_dir}; examples {examples_dir}")
+        return
     c = indobert_base.get_config("phase=1")
     c.model.preset = "scratch-2layer-small"
     c.model.dtype = "float32"
