@@ -63,6 +63,21 @@ def optimizer_plan(**changes):
     return OptimizerPlan(**values)
 
 
+def encoded_rows(lengths, seed=0, vocab=1000):
+    """Encoded pair-like rows for batching tests: [CLS]=101 first, a random token_type split,
+    label, weight (0 for every seventh), idx."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, n in enumerate(lengths):
+        ids = rng.integers(5, vocab, n).astype(np.int32)
+        ids[0] = 101
+        types = (np.arange(n) >= rng.integers(1, n)).astype(np.int32) if n > 1 else np.zeros(1, np.int32)
+        rows.append({"input_ids": ids, "attention_mask": np.ones(n, np.int32), "token_type_ids": types,
+                     "label": np.int32(i % 3), "weight": np.float32(1.0 if i % 7 else 0.0), "idx": np.int32(i)})
+    return rows
+
+
 def config_for(spec: str = "indonli_large:cpu_test", *assignments):
     """A config of configs/ ('module:variant', e.g. 'indonlu:task=nerp,cpu_test' or
     'pretrain.indobert_base:cpu_test') with key=value assignments, as on the command line."""

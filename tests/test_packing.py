@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import config_for, optimizer_plan, task_for
+from conftest import config_for, encoded_rows, optimizer_plan, task_for
 from nli_jax.data import pipeline
 from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, make_rngs, preset
 from nli_jax.train.optimizers import make_optimizer
@@ -29,19 +29,6 @@ BUCKETS = (16, 32, 64)
 
 def _batching(groups=1, pad=PAD):
     return pipeline.Batching(buckets=BUCKETS, pad_values=tuple(pad.items()), packing_groups=groups)
-
-
-def _rows(lengths, seed=0, vocab=1000):
-    """Encoded pair-like rows: [CLS]=101 first, a random token_type split, label, weight, idx."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i, n in enumerate(lengths):
-        ids = rng.integers(5, vocab, n).astype(np.int32)
-        ids[0] = 101
-        types = (np.arange(n) >= rng.integers(1, n)).astype(np.int32) if n > 1 else np.zeros(1, np.int32)
-        rows.append({"input_ids": ids, "attention_mask": np.ones(n, np.int32), "token_type_ids": types,
-                     "label": np.int32(i % 3), "weight": np.float32(1.0 if i % 7 else 0.0), "idx": np.int32(i)})
-    return rows
 
 
 def test_first_fit_decreasing_keeps_every_item_once_within_capacity():
@@ -58,7 +45,7 @@ def test_first_fit_decreasing_keeps_every_item_once_within_capacity():
 @pytest.mark.parametrize("groups", [1, 2, 4])
 def test_pack_batch_places_every_example_once_with_its_own_positions(groups):
     lengths = [40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8]
-    rows = _rows(lengths)
+    rows = encoded_rows(lengths)
     batch = _batching(groups).pack(rows)
     rows_total, length = batch["input_ids"].shape
     assert length == 64 and rows_total % groups == 0 and rows_total < len(rows)
@@ -82,7 +69,7 @@ def test_pack_batch_places_every_example_once_with_its_own_positions(groups):
 
 def test_processes_agree_on_the_packed_shape_from_the_global_lengths():
     lengths = np.random.default_rng(3).integers(5, 60, 32)
-    rows = _rows(lengths)
+    rows = encoded_rows(lengths)
     whole = _batching(4).pack(rows)
     # Two processes, two groups each: the same shapes, and together the same rows.
     halves = [_batching(2).pack(rows[p * 16:(p + 1) * 16], global_lengths=lengths) for p in range(2)]
@@ -116,7 +103,7 @@ def _logits(model, batch):
 
 
 def test_packed_logits_equal_the_padded_ones_on_a_real_checkpoint(minilm_classifier):
-    rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
+    rows = encoded_rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
     packed = _batching(2).pack(rows)
     np.testing.assert_allclose(_logits(minilm_classifier, packed), _logits(minilm_classifier, _padded(rows)),
                                atol=2e-6)
@@ -126,7 +113,7 @@ def test_packed_logits_equal_the_padded_ones_on_a_real_checkpoint(minilm_classif
 def test_packed_outputs_equal_the_padded_ones(family):
     """RoBERTa numbers positions from pad + 1 and pools <s> in its head; multi-aspect heads
     read the pooler."""
-    rows = _rows([20, 5, 31, 9, 14, 3, 26, 12])
+    rows = encoded_rows([20, 5, 31, 9, 14, 3, 26, 12])
     if family == "roberta":
         config = preset("tiny-bert", model_type="xlm-roberta", pad_token_id=1, max_position_embeddings=80,
                         type_vocab_size=1)
@@ -158,7 +145,7 @@ def test_a_packed_step_of_the_loop_equals_the_padded_step(minilm_dir, accumulati
     params = nnx.to_pure_dict(params)
     tx, schedule = make_optimizer(optimizer_plan(lr=1e-4, grad_clip=1.0), total_steps=10, steps_per_epoch=10,
                                   warmup_steps=0)
-    rows = _rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], seed=1, vocab=30000)
+    rows = encoded_rows([40, 7, 12, 30, 3, 64, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], seed=1, vocab=30000)
     out = []
     for batch, steps in ((_padded(rows), 1),
                          (_batching(accumulation).pack(rows), accumulation)):

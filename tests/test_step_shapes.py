@@ -15,24 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import config_for, task_for
+from conftest import config_for, encoded_rows, task_for
 from nli_jax.data import pipeline
 from nli_jax.models import ForSequenceClassification
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAD = (("input_ids", 0), ("attention_mask", 0), ("token_type_ids", 0))
 BUCKETS = (32, 64, 128)
-
-
-def _rows(lengths, seed=0, vocab=1000):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i, n in enumerate(lengths):
-        ids = rng.integers(5, vocab, n).astype(np.int32)
-        ids[0] = 101
-        rows.append({"input_ids": ids, "attention_mask": np.ones(n, np.int32), "token_type_ids": np.zeros(n, np.int32),
-                     "label": np.int32(i % 3), "weight": np.float32(1.0), "idx": np.int32(i)})
-    return rows
 
 
 def _batches(count=60, size=16, seed=0):
@@ -73,7 +62,7 @@ def test_a_batch_takes_the_cheapest_planned_shape_that_holds_it_across_processes
     """Batching.pack with planned shapes: the same shape and rows whether one process packs the
     global batch or two processes pack their halves from the global lengths."""
     lengths = np.random.default_rng(3).integers(5, 60, 32)
-    rows = _rows(lengths)
+    rows = encoded_rows(lengths)
     shapes = ((12, 128), (6, 64), (16, 64))
     needs = pipeline.packed_needs(lengths, groups=4, buckets=BUCKETS)
     expected = min(((r, c) for r, c in shapes if needs.get(c, r + 1) <= r), key=lambda s: (s[0] * s[1], s[1]))
@@ -91,7 +80,7 @@ def test_a_batch_in_a_larger_planned_shape_predicts_as_padded(minilm_dir):
     outputs are those of the padded batch."""
     model = ForSequenceClassification.from_pretrained(minilm_dir, num_labels=3, seed=0)
     task = task_for(config_for("indonli_large:cpu_test"))
-    rows = _rows([40, 7, 12, 30, 3, 60, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
+    rows = encoded_rows([40, 7, 12, 30, 3, 60, 18, 9, 22, 5, 15, 33, 11, 2, 27, 8], vocab=30000)
     own = pipeline.packed_shape([len(r["input_ids"]) for r in rows], groups=2, buckets=BUCKETS)
     planned = ((own[0] + 3, 128),)
     packed = pipeline.Batching(buckets=BUCKETS, pad_values=PAD, packing_groups=2, packed_shapes=planned).pack(rows)

@@ -107,7 +107,11 @@ class PackedShapePlan:
 def apply_packed_shapes(shapes: Sequence[tuple[int, int]], lengths_of_batches: Sequence[np.ndarray], *,
                         groups: int, buckets: Sequence[int]) -> PackedShapePlan:
     """The shape each of these global batches takes given the planned `shapes` (choose_packed_shape)."""
-    needs = [packed_needs(lengths, groups=groups, buckets=buckets) for lengths in lengths_of_batches]
+    return _assign_shapes(shapes, [packed_needs(lengths, groups=groups, buckets=buckets)
+                                   for lengths in lengths_of_batches], groups)
+
+
+def _assign_shapes(shapes, needs: list[dict[int, int]], groups: int) -> PackedShapePlan:
     own = [choose_packed_shape(n, ()) for n in needs]
     choice = [choose_packed_shape(n, shapes) for n in needs]
     extra = groups * (sum(r * c for r, c in choice) - sum(r * c for r, c in own))
@@ -150,7 +154,7 @@ def plan_packed_shapes(lengths_of_batches: Sequence[np.ndarray], *, groups: int,
         for b, other in best[2]:
             choice[b] = other
     used = sorted(set(choice), key=choice.index)  # in order of first use
-    return apply_packed_shapes(used, lengths_of_batches, groups=groups, buckets=buckets)
+    return _assign_shapes(used, needs, groups)
 
 
 # Packed evaluation rows are at least this long (or the longest bucket, if shorter), so that
