@@ -276,6 +276,8 @@ def nli_jax_worker(spec: dict) -> None:
     """Runs the project's command line (nli_jax.train.cli.main) with timers on the loop's phases."""
     sys.path.insert(0, REPO)
     os.chdir(REPO)
+    from nli_jax.train import host_memory
+    host_memory.configure()  # first, as the command line's cli.run does: it may re-execute this worker
     import jax
     from absl import app
 

@@ -1,12 +1,32 @@
-"""nli-jax: JAX/Flax NNX encoders, pretraining and fine-tuning for Indonesian and low-resource NLU."""
-from nli_jax.checkpoints import CheckpointError, load_tokenizer
-from nli_jax.models import (ConfigError, EncoderConfig, EncoderModel, ForMaskedLM, ForMultiAspectClassification,
-                            ForSequenceClassification, ForTokenClassification, count_parameters, preset)
+"""nli-jax: JAX/Flax NNX encoders, pretraining and fine-tuning for Indonesian and low-resource NLU.
+
+The public names below are imported on first use (PEP 562), not with the package: a command
+line tool imports nli_jax.train.cli first and may re-execute its interpreter before anything
+else runs (nli_jax.train.host_memory), and importing JAX and Flax here would cost every CPU run
+that second ~1 s of imports.
+"""
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "ConfigError", "EncoderConfig", "EncoderModel", "ForMaskedLM", "ForMultiAspectClassification",
-           "ForSequenceClassification", "ForTokenClassification", "count_parameters", "from_pretrained", "load_tokenizer",
-           "preset"]
+_EXPORTS = {"CheckpointError": "nli_jax.checkpoints", "load_tokenizer": "nli_jax.checkpoints",
+            **{name: "nli_jax.models" for name in (
+                "ConfigError", "EncoderConfig", "EncoderModel", "ForMaskedLM", "ForMultiAspectClassification",
+                "ForSequenceClassification", "ForTokenClassification", "count_parameters", "preset")}}
+__all__ = sorted([*_EXPORTS, "from_pretrained"])
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'nli_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
 
 
 def from_pretrained(path: str, *, task: str = "encoder", **kwargs):
@@ -16,6 +36,8 @@ def from_pretrained(path: str, *, task: str = "encoder", **kwargs):
     "token_classification" or "multi_aspect_classification". Save with `model.save_pretrained(path,
     tokenizer=..., label_names=...)`.
     """
+    from nli_jax.models import (ConfigError, EncoderModel, ForMaskedLM, ForMultiAspectClassification,
+                                ForSequenceClassification, ForTokenClassification)
     classes = {"encoder": EncoderModel, "masked_lm": ForMaskedLM, "sequence_classification": ForSequenceClassification,
                "token_classification": ForTokenClassification,
                "multi_aspect_classification": ForMultiAspectClassification}
