@@ -691,6 +691,26 @@ def test_empty_checkpoint_metadata_file_still_resumes(trained, inputs, tfds_dir,
     assert_same_run(workdir, trained)
 
 
+def test_the_final_checkpoint_leaves_out_the_optimizer_state_and_a_rerun_evaluates_from_it(trained, inputs, tfds_dir,
+                                                                                           tmp_path):
+    """No step follows the last one: its checkpoint holds the parameters and the step, not Adam's
+    moments. A run killed after it (no results.json yet) evaluates from it again, untrained."""
+    import orbax.checkpoint as ocp
+    from nli_jax.train.loop import train_and_evaluate
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = {step: checkpointer.restore(os.path.join(trained, "checkpoints", step, "state"))
+                 for step in ("2", "4")}
+    assert sorted(saved["2"]) == ["opt_state", "params", "step"]
+    assert sorted(saved["4"]) == ["params", "step"]
+    workdir = copy_run(trained, tmp_path)
+    (workdir / "results.json").unlink()
+    train_and_evaluate(resumable_config(inputs, tfds_dir), str(workdir))
+    log = (workdir / "train.log").read_text()
+    assert f"resumed from {workdir / 'checkpoints'} at step 4" in log
+    assert log.split("resumed from")[1].count("step 4/4") == 0  # no step trained again
+    assert_same_run(workdir, trained)
+
+
 def test_no_intact_checkpoint_names_the_directory_and_changes_nothing(trained, inputs, tfds_dir, tmp_path):
     from nli_jax.train.checkpointing import CheckpointUnreadableError
     workdir = copy_run(trained, tmp_path)

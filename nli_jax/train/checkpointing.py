@@ -76,13 +76,21 @@ class Checkpointer:
         finally:
             best.close()
 
-    def save(self, step: int, state, data_iterator, loop: dict, *, force: bool = False) -> bool:
+    def save(self, step: int, state, data_iterator, loop: dict, *, force: bool = False, final: bool = False) -> bool:
         """Saves `step` unless it is saved (or being saved) already: a SIGTERM that arrives on
-        a checkpoint step asks for the step that was just written."""
+        a checkpoint step asks for the step that was just written.
+
+        `final` (the run's last step): the optimizer state is left out, as no step will use it
+        (a rerun of the finished command only evaluates; more steps are another config, which
+        the workdir refuses). For Adam that is two thirds of the state's bytes, written when
+        the run is otherwise done."""
         if step in self._saved or step in self.manager.all_steps():
             return False
         self._saved.add(step)
-        loop = json.loads(json.dumps(loop))  # as it is now: the loop goes on changing it while an async save runs
+        # As it is now: the loop goes on changing it while an async save runs.
+        loop = json.loads(json.dumps(dict(loop, optimizer_state=not final)))
+        if final:
+            state = {k: v for k, v in state.items() if k != "opt_state"}
         try:
             return self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
@@ -157,11 +165,19 @@ class Checkpointer:
         return target
 
     def restore(self, step: int, abstract_state, data_iterator):
+        """(state, loop) of `step`; a final step's state has no "opt_state" (see `save`)."""
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            state=ocp.args.StandardRestore(self._as_saved(step, abstract_state)),
             data=grain.checkpoint.CheckpointRestore(data_iterator),
             loop=ocp.args.JsonRestore()))
         return restored["state"], restored["loop"]
+
+    def _as_saved(self, step: int, abstract_state):
+        """`abstract_state` as `step` was saved: without the optimizer state for a final step."""
+        loop = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+        if isinstance(loop, dict) and loop.get("optimizer_state") is False:
+            return {k: v for k, v in abstract_state.items() if k != "opt_state"}
+        return abstract_state
 
     def save_best(self, step: int, params, info: dict) -> None:
         """The best parameters so far. A step saved before an interruption and reached again
@@ -216,7 +232,7 @@ class Checkpointer:
         if abstract_state is not None and step in self.manager.all_steps():
             try:
                 state = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state)))["state"]
+                    state=ocp.args.StandardRestore(self._as_saved(step, abstract_state))))["state"]
             except Exception:
                 state = None
             if state is not None:

@@ -210,9 +210,10 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                 if bookkeeping["best_step"] == step:
                     best_evaluation = (step, evaluation)
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
-            if step % steps.checkpoint_every == 0 or step == steps.total_steps or bookkeeping["stopped_early"]:
+            final = step == steps.total_steps or bookkeeping["stopped_early"]
+            if step % steps.checkpoint_every == 0 or final:
                 recorder and recorder.write(step)  # the records up to a checkpoint, before it
-                ckpt.save(step, state, train_iter, bookkeeping)
+                ckpt.save(step, state, train_iter, bookkeeping, final=final)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
                                         **run_state)
             if preemption.reached(step):
@@ -282,14 +283,22 @@ class TrainStep:
         The programs land in the jit's own cache (and the persistent cache, when on)."""
         if len(batches) < 2:
             return  # one shape: the first step compiles it as soon as anything could
+        import threading
         from concurrent.futures import ThreadPoolExecutor
         abstract_state = abstract_like(state)
+        # Tracing holds the GIL: shapes traced side by side all finish late. One at a time (in
+        # order of first use), the first shape's XLA compilation starts after one trace.
+        tracing = threading.Lock()
+
+        def compile_shape(abstract):
+            with tracing:
+                lowered = self.jitted.lower(abstract_state, abstract, self.run_values)
+            return lowered.compile()
+
         pool = ThreadPoolExecutor(max_workers=min(len(batches), os.cpu_count() or 1),
                                   thread_name_prefix="compile_ahead")
         for batch in batches:
-            abstract = abstract_like(batch)
-            self._ahead[_shape_key(batch)] = pool.submit(
-                lambda a=abstract: self.jitted.lower(abstract_state, a, self.run_values).compile())
+            self._ahead[_shape_key(batch)] = pool.submit(compile_shape, abstract_like(batch))
         pool.shutdown(wait=False)
 
 
@@ -351,7 +360,10 @@ def _resume(ckpt: Checkpointer, state, train_iter):
         raise
     if restored is None:
         return state, bookkeeping
-    latest, state, bookkeeping = restored
+    latest, restored_state, bookkeeping = restored
+    # A final step's checkpoint has no optimizer state (no step follows it): the fresh one stands in.
+    state = dict(restored_state, opt_state=restored_state.get("opt_state", state["opt_state"]))
+    bookkeeping.pop("optimizer_state", None)  # the checkpoint's own record of that
     log.info("resumed from %s at step %d", ckpt.directory, latest)
     return state, bookkeeping
 
