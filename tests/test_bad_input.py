@@ -711,6 +711,21 @@ def test_the_final_checkpoint_leaves_out_the_optimizer_state_and_a_rerun_evaluat
     assert_same_run(workdir, trained)
 
 
+def test_best_parameters_whose_write_did_not_finish_are_taken_from_the_checkpoint(trained, inputs, tfds_dir, tmp_path):
+    """best/ is written in the background: a kill can leave the checkpoint that names the best
+    step committed and best/<step> not. The rerun takes that step's parameters from the checkpoint."""
+    from nli_jax.train.loop import train_and_evaluate
+    workdir = copy_run(trained, tmp_path)
+    best_step = json.loads((trained / "results.json").read_text())["best_step"]
+    shutil.rmtree(workdir / "best" / str(best_step))
+    (workdir / "results.json").unlink()
+    train_and_evaluate(resumable_config(inputs, tfds_dir), str(workdir))
+    log = (workdir / "train.log").read_text()
+    assert f"best parameters {workdir / 'best' / str(best_step)} are missing" in log
+    assert (workdir / "best" / str(best_step)).is_dir()  # written again
+    assert_same_run(workdir, trained)
+
+
 def test_no_intact_checkpoint_names_the_directory_and_changes_nothing(trained, inputs, tfds_dir, tmp_path):
     from nli_jax.train.checkpointing import CheckpointUnreadableError
     workdir = copy_run(trained, tmp_path)

@@ -52,7 +52,10 @@ class Checkpointer:
             os.path.join(storage.resolve(workdir), "best"),
             # Two: after a resume from an earlier checkpoint, the best step the loop restored
             # survives one newer best saved before the interruption (see save_best / prune_best).
-            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=False),
+            # Written in the background like the checkpoints (the best step is often the last, and
+            # its two writes then go side by side): a best step whose write a kill cut short is
+            # taken from the same step's checkpoint (restore_best).
+            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=async_save),
             item_names=("params", "info"))
         self._saved: set[int] = set()
 
@@ -182,12 +185,12 @@ class Checkpointer:
     def save_best(self, step: int, params, info: dict) -> None:
         """The best parameters so far. A step saved before an interruption and reached again
         after the resume is written again (the loop recomputed it), never an error."""
-        if step in self.best.all_steps():
-            self.best.delete(step)
         try:
+            self.best.wait_until_finished()  # the previous best's write, if it is still going
+            if step in self.best.all_steps():
+                self.best.delete(step)
             self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                          info=ocp.args.JsonSave(info)), force=True)
-            self.best.wait_until_finished()
         except Exception as e:
             raise self._full(e, f"the best parameters of step {step} to best/") if no_space_left(e) else e
 
@@ -216,12 +219,10 @@ class Checkpointer:
             step = self.best.latest_step()
             if step is None:
                 return None, None
-        elif step not in self.best.all_steps():
-            raise CheckpointUnreadableError(
-                f"the run's best step {step} has no parameters in {self.best.directory} (it holds steps "
-                f"{sorted(self.best.all_steps())}): start over in a new --workdir")
         path = os.path.join(str(self.best.directory), str(step))
         try:
+            if step not in self.best.all_steps():  # its write cut short by a kill, say
+                raise FileNotFoundError(f"best/ holds steps {sorted(self.best.all_steps())}, not {step}")
             restored = self.best.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_params), info=ocp.args.JsonRestore()))
             if not isinstance(restored["info"], dict):
@@ -237,11 +238,22 @@ class Checkpointer:
                 state = None
             if state is not None:
                 info = {"step": step, "repaired_from": os.path.join(self.directory, str(step))}
-                target = self._set_aside_best(step)
-                log.warning("best parameters %s are unreadable (%s); moved them to %s and took step %d's parameters "
-                            "from %s instead", path, _short(error), target, step, os.path.join(self.directory, str(step)))
+                if step in self.best.all_steps():
+                    target = self._set_aside_best(step)
+                    log.warning("best parameters %s are unreadable (%s); moved them to %s and took step %d's "
+                                "parameters from %s instead", path, _short(error), target, step,
+                                os.path.join(self.directory, str(step)))
+                else:
+                    log.warning("best parameters %s are missing (their write did not finish); took step %d's "
+                                "parameters from %s instead", path, step, os.path.join(self.directory, str(step)))
                 self.save_best(step, state["params"], info)
+                self.best.wait_until_finished()
                 return state["params"], info
+        if step not in self.best.all_steps():
+            raise CheckpointUnreadableError(
+                f"the run's best step {step} has no parameters in {self.best.directory} (it holds steps "
+                f"{sorted(self.best.all_steps())}) and no checkpoint of step {step} is left to take them from: start "
+                "over in a new --workdir") from None
         raise CheckpointUnreadableError(
             f"the best parameters in {path} are unreadable ({_short(error)}) and no checkpoint of step {step} is "
             "left to take them from: start over in a new --workdir (nothing was changed)") from error
@@ -253,6 +265,7 @@ class Checkpointer:
     def wait(self) -> None:
         try:
             self.manager.wait_until_finished()
+            self.best.wait_until_finished()
         except Exception as e:
             raise self._full(e, "a checkpoint") if no_space_left(e) else e
 
