@@ -372,3 +372,22 @@ def test_classifier_without_num_labels_is_a_clear_error(tmp_path):
         ForSequenceClassification.from_pretrained(str(tmp_path))
     model = ForSequenceClassification.from_pretrained(str(tmp_path), num_labels=3)  # fresh head
     assert model.classifier.out.kernel.shape == (64, 3)
+
+
+def test_a_bert_tokenizer_config_loads_as_autotokenizer_does_without_importing_torch(minilm_dir):
+    """tokenizer_config.json naming BertTokenizer for a BERT model (MiniLM's; nli-jax's exports):
+    loaded directly, the same tokenizer and ids as AutoTokenizer's, and torch is never imported."""
+    import subprocess
+    import sys
+    from transformers import AutoTokenizer
+    ours, auto = nli_jax.load_tokenizer(minilm_dir), AutoTokenizer.from_pretrained(minilm_dir)
+    assert type(ours) is type(auto)
+    firsts = ["Budi membaca buku di perpustakaan kota.", "Harga cabai naik menjelang lebaran!"]
+    seconds = ["Seseorang sedang membaca.", "Cabai menjadi lebih murah."]
+    assert ours(firsts, seconds)["input_ids"] == auto(firsts, seconds)["input_ids"]
+    assert ours.get_vocab() == auto.get_vocab()
+    code = "import sys, nli_jax; nli_jax.load_tokenizer(sys.argv[1]); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code, str(minilm_dir)], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

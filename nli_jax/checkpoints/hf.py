@@ -182,6 +182,26 @@ def ordinary_permissions(paths) -> None:
             os.chmod(file, 0o666 & ~umask)
 
 
+def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
+    """Whether tokenizer_config.json names BERT's tokenizer for a BERT model (or no config.json),
+    as nli-jax's exports and transformers-saved BERT checkpoints do. AutoTokenizer resolves that
+    to BertTokenizerFast; loading it directly skips AutoTokenizer's import of every model
+    configuration, which imports torch (~1 s of every run)."""
+    if "tokenizer_config.json" not in files:
+        return False
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            tokenizer_config = json.load(f)
+        model_type = "bert"
+        if CONFIG_NAME in files:
+            with open(os.path.join(directory, CONFIG_NAME), encoding="utf-8") as f:
+                model_type = json.load(f).get("model_type", "bert")
+    except (OSError, ValueError, AttributeError):
+        return False  # AutoTokenizer's own error, then
+    return (isinstance(tokenizer_config, dict) and "auto_map" not in tokenizer_config and model_type == "bert"
+            and tokenizer_config.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))
+
+
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer through transformers.
 
@@ -189,7 +209,7 @@ def load_tokenizer(path: str):
     directory with vocab.txt and no SentencePiece model loads as a BERT WordPiece tokenizer
     whatever its model_type says.
     """
-    from transformers import AutoTokenizer, BertTokenizerFast
+    from transformers import BertTokenizerFast
     directory = resolve_directory(path)
     files = set(os.listdir(directory))
     vocabularies = files & set(VOCABULARY_FILES)
@@ -198,9 +218,10 @@ def load_tokenizer(path: str):
                               f"{', '.join(VOCABULARY_FILES)}; found {sorted(files) or 'nothing'}")
     has_sentencepiece = bool(files & {"spiece.model", "sentencepiece.bpe.model", "tokenizer.json"})
     try:
-        if "vocab.txt" in files and not has_sentencepiece:
+        if ("vocab.txt" in files and not has_sentencepiece) or _names_a_bert_tokenizer(directory, files):
             tokenizer = BertTokenizerFast.from_pretrained(directory)
         else:
+            from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(directory)
     except Exception as e:  # damaged tokenizer.json / spiece.model, unknown tokenizer class
         raise CheckpointError(f"tokenizer in {directory} cannot be loaded ({type(e).__name__}: {_first_line(e)}); "
