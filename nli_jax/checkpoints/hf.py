@@ -191,15 +191,15 @@ def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
         return False
     try:
         with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
-            tokenizer_config = json.load(f)
+            declared = json.load(f)
         model_type = "bert"
         if CONFIG_NAME in files:
             with open(os.path.join(directory, CONFIG_NAME), encoding="utf-8") as f:
                 model_type = json.load(f).get("model_type", "bert")
     except (OSError, ValueError, AttributeError):
         return False  # AutoTokenizer's own error, then
-    return (isinstance(tokenizer_config, dict) and "auto_map" not in tokenizer_config and model_type == "bert"
-            and tokenizer_config.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))
+    return (isinstance(declared, dict) and "auto_map" not in declared and model_type == "bert"
+            and declared.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))
 
 
 def load_tokenizer(path: str):
