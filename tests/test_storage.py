@@ -263,7 +263,9 @@ def test_everything_on_gcs_sigkill_rerun_matches_a_local_run(emulator, tmp_path)
     workdir = f"gs://{BUCKET}/e2e"
     gs_args = (*E2E, f"--config.model.init={inputs}/model", f"--config.data.source={inputs}/indonli",
                f"--config.data.tfds_dir=gs://{BUCKET}/e2e_tfds")
-    env = gcs_emulator.env(emulator, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **_scratch_env(tmp_path, "gs"))
+    # A short lease: the killed run's lock expires in seconds, not the default 300.
+    env = gcs_emulator.env(emulator, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), NLI_JAX_LOCK_LEASE_S="8",
+                           **_scratch_env(tmp_path, "gs"))
     env.pop("XLA_FLAGS", None)
     killed = subprocess.Popen([sys.executable, "-m", "finetune.main", f"--config={REPO / CPU_TEST}",
                                f"--workdir={workdir}", *gs_args], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -280,11 +282,18 @@ def test_everything_on_gcs_sigkill_rerun_matches_a_local_run(emulator, tmp_path)
     assert not storage.exists(f"{workdir}/results.json"), "the run finished before SIGKILL"
     assert "ETA" in live_log, "the log is in the bucket while the run goes"
 
-    proc = subprocess.run([sys.executable, "-m", "finetune.main", f"--config={REPO / CPU_TEST}",
-                           f"--workdir={workdir}", *gs_args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    rerun = [sys.executable, "-m", "finetune.main", f"--config={REPO / CPU_TEST}", f"--workdir={workdir}", *gs_args]
+    # Pod hosts share no disk: a killed holder's lock on gs:// stands until its lease expires; the
+    # rerun is refused in one line until then, and takes the lock over after.
+    holder = json.loads(storage.read_text(f"{workdir}/.lock"))
+    if holder["expires"] > time.time() + 1:
+        early = subprocess.run(rerun, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        assert early.returncode == 1 and f"{workdir} is in use" in early.stderr, early.stderr[-2000:]
+    time.sleep(max(0.0, holder["expires"] - time.time()) + 0.5)
+    proc = subprocess.run(rerun, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "resumed from" in storage.read_text(f"{workdir}/train.log")
+    log = storage.read_text(f"{workdir}/train.log")
+    assert "took over the expired lock" in proc.stderr + log and "resumed from" in log
     ours, reference = json.loads(storage.read_text(f"{workdir}/results.json")), json.loads((local / "results.json").read_text())
     assert ours["splits"] == reference["splits"] and ours["history"] == reference["history"]
     assert storage.read_text(f"{workdir}/predictions.jsonl") == (local / "predictions.jsonl").read_text()
