@@ -192,11 +192,8 @@ def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
     try:
         with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
             declared = json.load(f)
-        model_type = "bert"
-        if CONFIG_NAME in files:
-            with open(os.path.join(directory, CONFIG_NAME), encoding="utf-8") as f:
-                model_type = json.load(f).get("model_type", "bert")
-    except (OSError, ValueError, AttributeError):
+        model_type = read_config(directory).get("model_type", "bert") if CONFIG_NAME in files else "bert"
+    except (OSError, ValueError, AttributeError):  # ConfigError is a ValueError
         return False  # AutoTokenizer's own error, then
     return (isinstance(declared, dict) and "auto_map" not in declared and model_type == "bert"
             and declared.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))

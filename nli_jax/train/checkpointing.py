@@ -93,7 +93,7 @@ class Checkpointer:
         # As it is now: the loop goes on changing it while an async save runs.
         loop = json.loads(json.dumps(dict(loop, optimizer_state=not final)))
         if final:
-            state = {k: v for k, v in state.items() if k != "opt_state"}
+            state = _without_optimizer(state)
         try:
             return self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
@@ -169,18 +169,17 @@ class Checkpointer:
 
     def restore(self, step: int, abstract_state, data_iterator):
         """(state, loop) of `step`; a final step's state has no "opt_state" (see `save`)."""
+        loop, abstract = self._as_saved(step, abstract_state)
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(self._as_saved(step, abstract_state)),
-            data=grain.checkpoint.CheckpointRestore(data_iterator),
-            loop=ocp.args.JsonRestore()))
-        return restored["state"], restored["loop"]
+            state=ocp.args.StandardRestore(abstract), data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        return restored["state"], loop
 
     def _as_saved(self, step: int, abstract_state):
-        """`abstract_state` as `step` was saved: without the optimizer state for a final step."""
+        """(loop record, `abstract_state` as `step` was saved: without the optimizer state for a final step)."""
         loop = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         if isinstance(loop, dict) and loop.get("optimizer_state") is False:
-            return {k: v for k, v in abstract_state.items() if k != "opt_state"}
-        return abstract_state
+            return loop, _without_optimizer(abstract_state)
+        return loop, abstract_state
 
     def save_best(self, step: int, params, info: dict) -> None:
         """The best parameters so far. A step saved before an interruption and reached again
@@ -233,7 +232,7 @@ class Checkpointer:
         if abstract_state is not None and step in self.manager.all_steps():
             try:
                 state = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(self._as_saved(step, abstract_state))))["state"]
+                    state=ocp.args.StandardRestore(self._as_saved(step, abstract_state)[1])))["state"]
             except Exception:
                 state = None
             if state is not None:
@@ -273,6 +272,11 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.close()
         self.best.close()
+
+
+def _without_optimizer(state: dict) -> dict:
+    """A train state (or its abstract) as a final checkpoint holds it: no "opt_state"."""
+    return {k: v for k, v in state.items() if k != "opt_state"}
 
 
 def abstract_like(tree):
