@@ -65,7 +65,7 @@ def jax_functions(path: str):
     rest = nnx.to_pure_dict(rest)  # plain arrays, merged afresh in each trace (as the train step does)
 
     # Compiled as the run's evaluation step is (nli_jax.train.compilation.forward_compiler_options).
-    @functools.partial(jax.jit, compiler_options=compilation.forward_compiler_options())
+    @functools.partial(jax.jit, compiler_options=compilation.forward_compiler_options(jax.default_backend()))
     def forward(params, batch):
         m = nnx.merge(graphdef, params, rest)
         return m(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic=True)

@@ -293,3 +293,16 @@ class Encoder(nnx.Module):
             x = run(self.layers[index], x, attention_mask, deterministic)
         pooled = jnp.tanh(self.pooler(first_tokens(x, packing))) if self.pooler is not None else None
         return x, pooled
+
+
+def training_flops_per_token(model: nnx.Module, sequence_length: int) -> float:
+    """Training FLOPs per token (forward and backward) of every encoder `model` holds (ELECTRA's
+    generator and discriminator; shared embeddings once): 6 x the parameters outside the embedding
+    tables, plus attention's 12 x layers x hidden x length (scores and context, forward and
+    backward), the count behind the papers' MFU figures. Works on abstract models."""
+    modules = [node for _, node in nnx.iter_graph(model)]  # each shared module once
+    n_params = sum(x.size for _, x in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    embedding_params = sum(x.size for m in modules if isinstance(m, Embeddings)
+                           for _, x in nnx.to_flat_state(nnx.state(m, nnx.Param)))
+    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in modules if isinstance(m, Encoder))
+    return 6 * (n_params - embedding_params) + attention * sequence_length

@@ -56,3 +56,30 @@ def preset(name: str, **overrides) -> EncoderConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
     return EncoderConfig(**{**PRESETS[name], **overrides})
+
+
+# The config.json shapes of the hub checkpoints nli-jax's configs name, as their model cards
+# publish them: `launch.compile` compiles a fine-tuning run for a TPU topology from these without
+# hub access. A run always reads the checkpoint's own config.json.
+_HF_BERT = dict(model_type="bert", hidden_act="gelu", max_position_embeddings=512, type_vocab_size=2,
+                layer_norm_eps=1e-12, pad_token_id=0)
+_HF_BASE = dict(num_hidden_layers=12, num_attention_heads=12, hidden_size=768, intermediate_size=3072)
+_HF_LARGE = dict(num_hidden_layers=24, num_attention_heads=16, hidden_size=1024, intermediate_size=4096)
+_HF_ALBERT = dict(model_type="albert", hidden_act="gelu", max_position_embeddings=512, type_vocab_size=2,
+                  embedding_size=128, num_hidden_groups=1, inner_group_num=1, vocab_size=30000, pad_token_id=0)
+_HF_XLMR = dict(model_type="xlm-roberta", hidden_act="gelu", max_position_embeddings=514, type_vocab_size=1,
+                layer_norm_eps=1e-5, pad_token_id=1, vocab_size=250002)
+PUBLISHED_SHAPES: dict[str, dict] = {
+    "indobenchmark/indobert-large-p2": dict(_HF_BERT, **_HF_LARGE, vocab_size=30522),
+    "indobenchmark/indobert-base-p2": dict(_HF_BERT, **_HF_BASE, vocab_size=50000),
+    "indobenchmark/indobert-base-p1": dict(_HF_BERT, **_HF_BASE, vocab_size=50000),
+    "indobenchmark/indobert-lite-large-p2": dict(_HF_ALBERT, **_HF_LARGE),
+    "indobenchmark/indobert-lite-base-p2": dict(_HF_ALBERT, **_HF_BASE),
+    "FacebookAI/xlm-roberta-large": dict(_HF_XLMR, **_HF_LARGE),
+    "FacebookAI/xlm-roberta-base": dict(_HF_XLMR, **_HF_BASE),
+    "hfl/chinese-roberta-wwm-ext-large": dict(_HF_BERT, **_HF_LARGE, vocab_size=21128),
+    "google-bert/bert-base-chinese": dict(_HF_BERT, **_HF_BASE, vocab_size=21128),
+    "dccuchile/bert-base-spanish-wwm-cased": dict(_HF_BERT, **_HF_BASE, vocab_size=31002),
+    "google-bert/bert-base-multilingual-cased": dict(_HF_BERT, **_HF_BASE, vocab_size=119547),
+    "google-bert/bert-base-multilingual-uncased": dict(_HF_BERT, **_HF_BASE, vocab_size=105879),
+}

@@ -100,6 +100,12 @@ class Task(abc.ABC):
         (labelled=False: gold fields may be absent; labels None / -1)."""
         raise NotImplementedError(f"task {self.name!r} does not read single files (evaluate/predict)")
 
+    def example_of_length(self, length: int) -> dict:
+        """An encoded example of `length` tokens with every field `encoder` gives, its values
+        arbitrary: the shapes of a run's batches without its data (launch.compile compiles the
+        steps for a TPU topology from these)."""
+        raise NotImplementedError(f"task {self.name!r} cannot describe its encoded examples (example_of_length)")
+
     def pad_values(self, tokenizer) -> dict[str, int]:
         return {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": 0}
 

@@ -27,6 +27,12 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
+def tokens_of_length(length: int) -> dict:
+    """The token fields of an encoded text (pair) of `length` tokens, values arbitrary."""
+    ids = np.full(length, 5, np.int32)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
 def packing_fields(batch) -> dict | None:
     """A packed batch's segment_ids, position_ids and cls_index (pipeline.Batching.pack), which
     go to the model as `packing`; None for a padded batch."""
@@ -64,6 +70,9 @@ class ClassificationTask(Task):
 
     def model_class_and_kwargs(self):
         return ForSequenceClassification, {"num_labels": len(self.labels)}
+
+    def example_of_length(self, length):
+        return {**tokens_of_length(length), "label": np.int32(0), "idx": np.int32(0), "weight": np.float32(1.0)}
 
     def loss(self, model, batch, deterministic):
         logits = sequence_logits(model, batch, deterministic)
@@ -116,6 +125,10 @@ class MultiAspectTask(Task):
     def model_class_and_kwargs(self):
         return ForMultiAspectClassification, {"num_aspects": len(self.aspects), "num_labels": len(self.labels)}
 
+    def example_of_length(self, length):
+        return {**tokens_of_length(length), "labels": np.zeros(len(self.aspects), np.int32), "idx": np.int32(0),
+                "weight": np.float32(1.0)}
+
     def loss(self, model, batch, deterministic):
         logits = sequence_logits(model, batch, deterministic)
         weights = jnp.broadcast_to(batch["weight"][:, None], batch["labels"].shape)
@@ -159,6 +172,12 @@ class TaggingTask(Task):
 
     def pad_values(self, tokenizer):
         return {**super().pad_values(tokenizer), "word_index": -1, "word_labels": 0, "word_mask": 0}
+
+    def example_of_length(self, length):
+        words = length - 2  # one sub-token per word between [CLS] and [SEP]
+        return {**tokens_of_length(length), "word_index": np.concatenate([[-1], np.arange(words), [-1]]).astype(np.int32),
+                "word_mask": np.ones(words, np.float32), "word_labels": np.zeros(words, np.int32),
+                "idx": np.int32(0), "weight": np.float32(1.0)}
 
     def encoder(self, tokenizer):
         max_length, alignment = self.data.max_seq_length, self.data.word_alignment

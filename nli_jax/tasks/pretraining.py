@@ -145,6 +145,11 @@ class Pretraining(Task):
             return dict(example, weight=np.float32(1.0))
         return encode
 
+    def example_of_length(self, length):
+        body = length - 3  # [CLS] A [SEP] B [SEP]
+        return {"idx": 0, "label": 0, "a": np.full(body // 2, 5, np.int32), "b": np.full(body - body // 2, 5, np.int32),
+                "weight": np.float32(1.0)}
+
     def batching(self, tokenizer, batch: BatchPlan) -> MaskedBatching:
         p = self.pretrain
         vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]

@@ -71,7 +71,8 @@ def run(main) -> None:
     On a CPU-only machine, the host allocator is set first (nli_jax.train.host_memory: step
     temporaries on transparent huge pages, which may re-execute the interpreter once): this must
     precede anything JAX runs."""
-    from nli_jax.train import host_memory
+    from nli_jax.train import host_memory, platforms
+    platforms.skip_absent_tpu()  # before JAX starts: no libtpu start-up on a CPU-only machine
     try:
         host_memory.configure()
         compilation.forward_dots()
@@ -91,9 +92,17 @@ def run(main) -> None:
     app.run(_reporting_input_errors(with_cache), flags_parser=parse_flags)
 
 
+def run_offline(main) -> None:
+    """app.run with one-line reports of config-key mistakes and input errors, and nothing else:
+    no host allocator setting or compilation cache (launch.compile compiles for another platform)."""
+    app.run(_reporting_input_errors(main), flags_parser=parse_flags)
+
+
 def run_tool(main) -> None:
     """app.run for the corpus tools (plain absl flags, no config): input errors such as a
     missing file or too little disk space as one line, exit status 1."""
+    from nli_jax.train import platforms
+    platforms.skip_absent_tpu()
     app.run(_reporting_input_errors(main))
 
 

@@ -107,9 +107,9 @@ def forward_dots() -> str:
     return choice
 
 
-def forward_compiler_options() -> dict | None:
-    """XLA compiler options for forward-only programs (jax.jit(..., compiler_options=...)):
-    Eigen dots on CPU (see above), XLA's defaults on accelerators."""
-    import jax
+def forward_compiler_options(platform: str) -> dict | None:
+    """XLA compiler options for forward-only programs (jax.jit(..., compiler_options=...)) on the
+    devices of `platform` (the mesh's, which is not the host's default backend when compiling for
+    a TPU topology on a CPU host): Eigen dots on CPU (see above), XLA's defaults on accelerators."""
     choice = forward_dots()
-    return _FORWARD_DOTS[choice] if jax.default_backend() == "cpu" else None
+    return _FORWARD_DOTS[choice] if platform == "cpu" else None

@@ -37,7 +37,7 @@ def predict_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
     def step(params, batch):
         return {**task.predict(nnx.merge(graphdef, params, rest), batch), "idx": batch["idx"]}
     return jax.jit(step, in_shardings=(param_shardings, batch_sharding), out_shardings=mesh_lib.replicated(mesh),
-                   compiler_options=compilation.forward_compiler_options())
+                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(mesh)))
 
 
 class EvalSplit:

@@ -25,7 +25,7 @@ from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
-from nli_jax.models.encoder import Embeddings, Encoder
+from nli_jax.models.encoder import training_flops_per_token
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import calibrate, compilation, dynamics
@@ -245,20 +245,35 @@ def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_
     make_optimizer(unit_peak=True)) are inputs of the compiled step, not constants: runs that
     differ only in them share its program. The loop's own; benchmarks/mlm_train_step.py times it."""
     replicated = mesh_lib.replicated(mesh)
-    # Moments follow their parameter's sharding; counts and other scalars are replicated.
-    opt_shardings = optax.tree_map_params(
-        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
-        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    shardings = train_state_shardings(tx, params, param_shardings, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    compiled = jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=None,
-                                       accumulation_steps=accumulation, per_example=per_example),
-                       in_shardings=(state_shardings, batch_sharding, replicated),
-                       out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    compiled = jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
+                              accumulation=accumulation, per_example=per_example)
     run_values = {"seed": mesh_lib.put_global(np.uint32(seed), replicated),
                   "lr": mesh_lib.put_global(np.float32(lr_factor), replicated)}
     return state, TrainStep(compiled, run_values)
+
+
+def train_state_shardings(tx, params, param_shardings, mesh) -> dict:
+    """Shardings of the train state {params, opt_state, step}: Adam's moments follow their
+    parameter's sharding; counts and other scalars are replicated. `params` may be abstract."""
+    replicated = mesh_lib.replicated(mesh)
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    return {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
+
+
+def jit_train_step(graphdef, rest, task, tx, schedule, state_shardings, batch_sharding, mesh, *, accumulation: int,
+                   per_example: bool = False):
+    """The run's train step under jit: (state, batch, run_values {seed, lr}) -> (state, metrics),
+    state donated. The one the loop runs and launch.compile compiles for a TPU topology."""
+    replicated = mesh_lib.replicated(mesh)
+    return jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=None, accumulation_steps=accumulation,
+                                   per_example=per_example),
+                   in_shardings=(state_shardings, batch_sharding, replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
 
 class TrainStep:
@@ -369,14 +384,8 @@ def _resume(ckpt: Checkpointer, state, train_iter):
 
 
 def _flops_per_token(run: RunSetup, params) -> float:
-    """Training FLOPs per token: 6 x (parameters outside the embedding tables) + attention, over every
-    encoder the model holds (ELECTRA's generator and discriminator; their shared embeddings once)."""
-    n_params = sum(x.size for x in jax.tree.leaves(params))
-    modules = [node for _, node in nnx.iter_graph(run.model)]  # each shared module once
-    embedding_params = sum(x.size for m in modules if isinstance(m, Embeddings)
-                           for _, x in nnx.to_flat_state(nnx.state(m, nnx.Param)))
-    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in modules if isinstance(m, Encoder))
-    return 6 * (n_params - embedding_params) + attention * run.plan.data.max_seq_length
+    """Training FLOPs per token of the run's model at its sequence length (the model's count)."""
+    return training_flops_per_token(run.model, run.plan.data.max_seq_length)
 
 
 def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> None:

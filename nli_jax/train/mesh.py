@@ -77,6 +77,13 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = No
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
+def platform(mesh: Mesh) -> str:
+    """The platform the mesh's devices are ("cpu", "tpu", "gpu"): decisions about the target take
+    it from here, not from jax.default_backend(), which is the host's ("cpu") while compiling for
+    a TPU topology ahead of time (launch.compile)."""
+    return mesh.devices.flat[0].platform
+
+
 def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
                     rules: Sequence[tuple[str, Any]]) -> P:
     """PartitionSpec for an array with logical axis `names`; a dimension that the mesh axes do

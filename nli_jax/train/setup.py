@@ -188,9 +188,7 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
     batching = task.batching(tokenizer, plan.batch)
     batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-    eval_step = jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
-                        out_shardings=mesh_lib.replicated(mesh),
-                        compiler_options=compilation.forward_compiler_options())
+    eval_step = jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh)
     evaluator = evaluation.Evaluator(task, encode, batching, plan.batch, eval_step, batch_sharding,
                                      predict_step=evaluation.predict_step(graphdef, rest, task, param_shardings,
                                                                           batch_sharding, mesh))
@@ -198,6 +196,14 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
                     encode=encode, batching=batching, mesh=mesh, batch_sharding=batch_sharding, graphdef=graphdef,
                     rest=rest, params=params, param_shardings=param_shardings, evaluator=evaluator,
                     tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
+
+
+def jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
+    """The run's evaluation step under jit: (params, batch) -> (metric sums, predictions), both
+    replicated. The one evaluation runs and launch.compile compiles for a TPU topology."""
+    return jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
+                   out_shardings=mesh_lib.replicated(mesh),
+                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(mesh)))
 
 
 def training_examples(plan: RunPlan, task, splits: dict):
