@@ -34,7 +34,12 @@ setup(
         # torch is only needed to read pytorch_model.bin and for parity tests. It is pinned
         # because an unpinned torch pulls the newest CUDA build (several GB).
         "torch": ["torch==2.13.0"],
+        # The TPU compiler, pinned as jax[tpu] pins it for this jax: launch.compile compiles a run for
+        # a Cloud TPU topology on any host. A machine without TPU chips does not start it for a run
+        # (nli_jax.train.platforms).
+        "tpu": ["jax==0.10.2", "libtpu==0.0.42.*"],
         "test": [
+            "jax==0.10.2", "libtpu==0.0.42.*",  # the tpu extra: tests/test_tpu_compile.py
             "torch==2.13.0",
             "pytest",
             "pytest-xdist",

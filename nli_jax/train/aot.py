@@ -44,6 +44,9 @@ class Topology:
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
         os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator)
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        # No chip is claimed: several compilations may run side by side (libtpu's lockfile is
+        # for processes that drive a TPU).
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         from jax.experimental import topologies
         try:
             description = topologies.get_topology_desc(
@@ -244,6 +247,7 @@ class Compiled:
     cost: dict | None = None
     hlo: str = ""
     error: str = ""
+    input_shardings: object = None
 
 
 def _compile(jitted, *args) -> Compiled:
@@ -254,7 +258,21 @@ def _compile(jitted, *args) -> Compiled:
         return Compiled(time.perf_counter() - start, error=" ".join(str(e).split()))
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return Compiled(time.perf_counter() - start, compiled.memory_analysis(), dict(cost or {}), compiled.as_text())
+    return Compiled(time.perf_counter() - start, compiled.memory_analysis(), dict(cost or {}), compiled.as_text(),
+                    input_shardings=compiled.input_shardings[0])
+
+
+def parameter_specs(shardings, params) -> dict[str, list]:
+    """{dotted parameter path: its PartitionSpec, one entry per dimension} of a compiled program's
+    parameter shardings (`params`: the abstract parameters, for their ranks)."""
+    import jax
+    out = {}
+    flat_params = jax.tree.leaves(params)
+    for (path, sharding), param in zip(jax.tree_util.tree_flatten_with_path(shardings)[0], flat_params):
+        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        spec = list(sharding.spec)
+        out[name] = spec + [None] * (len(param.shape) - len(spec))
+    return out
 
 
 # --- the check ------------------------------------------------------------------------------------
@@ -368,7 +386,9 @@ def _step_report(compiled: Compiled, state, batch, formula_flops, tokens_per_ste
                headroom_gib=round(target.hbm_gib - total / GIB, 3),
                compiler_tflops_per_device=round(flops / 1e12, 4),
                compiler_estimated_seconds=round(seconds, 5), unpriced_instructions=unpriced,
-               collectives=collectives(compiled.hlo))
+               collectives=collectives(compiled.hlo),
+               parameter_specs=parameter_specs(compiled.input_shardings[0]["params"] if "opt_state" in state
+                                               else compiled.input_shardings[0], state["params"]))
     if formula_flops is not None:
         out.update(formula_tflops_per_device=round(formula_flops / 1e12, 4),
                    compiler_over_formula=round(flops / formula_flops, 3) if formula_flops else None,
@@ -389,19 +409,23 @@ def _advice(error: str, params_bytes: int, opt_bytes: int, batch_bytes: int, pla
     needed, available = _bytes(found.group(1), found.group(2)), _bytes(found.group(3), found.group(4))
     fixed = params_bytes + opt_bytes + batch_bytes
     temporaries = needed if "temporaries" in found.group(0) else max(needed - fixed, 0.0)
+    devices = math.prod(dict(plan.mesh.shape).values())
+    fsdp = dict(plan.mesh.shape).get("fsdp", 1)
     options = []
-    if not plan.model.remat:
-        options.append("--config.model.remat=True (activations recomputed in the backward pass)")
-    room = available - fixed
-    if room > 0 and temporaries > 0:
+    if fixed >= available:  # parameters and optimizer state alone: only sharding them helps
+        if fsdp < devices:
+            options.append(f"--config.mesh.shape=\"{{'data': 1, 'fsdp': -1}}\" (parameters and optimizer state "
+                           f"{fixed / GIB:.1f} GiB -> {fixed / GIB * fsdp / devices:.1f} GiB per device)")
+    else:
+        if not plan.model.remat:
+            options.append("--config.model.remat=True (activations recomputed in the backward pass)")
+        room, per_device = available - fixed, plan.batch.global_batch // plan.batch.data_parallel // plan.batch.accumulation
         factor = 2 ** math.ceil(math.log2(max(temporaries / room, 1.0001)))
-        per_device = plan.batch.global_batch // plan.batch.data_parallel // plan.batch.accumulation
         if factor <= per_device:
             options.append(f"--config.train.accumulation_steps={plan.batch.accumulation * factor} (per-device batch "
                            f"{per_device} -> {per_device // factor}, same global batch)")
-    fsdp = dict(plan.mesh.shape).get("fsdp", 1)
-    if fsdp == 1 and params_bytes + opt_bytes > 0.25 * available:
-        options.append("--config.mesh.shape=\"{'data': 1, 'fsdp': -1}\" (parameters and optimizer state sharded)")
+        if fsdp < devices and params_bytes + opt_bytes > 0.25 * available:
+            options.append("--config.mesh.shape=\"{'data': 1, 'fsdp': -1}\" (parameters and optimizer state sharded)")
     return (f"needs {needed / GIB:.2f} GiB of {available / GIB:.2f} GiB usable per device; would fit with: "
             + ("; or ".join(options) if options else "a larger topology"))
 
