@@ -66,6 +66,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.tokenizer = ""  # default: the init directory
     c.model.dtype = "float32"
     c.model.remat = False
+    c.model.vocab_multiple = 1  # a from-scratch model's vocabulary rounded up to a multiple of this
+    # "bfloat16": the train step computes with a bfloat16 copy of the parameters (float32 master weights)
+    c.model.step_param_dtype = "float32"
     # EncoderConfig fields to override (None = the checkpoint's / preset's value).
     c.model.overrides = ml_collections.ConfigDict()
     c.model.overrides.hidden_dropout_prob = ml_collections.config_dict.placeholder(float)

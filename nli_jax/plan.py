@@ -142,6 +142,12 @@ class ModelPlan:
     tokenizer: str = _str()
     dtype: str = _choice("float32", "bfloat16", "float16")
     remat: bool = _bool()
+    # A from-scratch model's vocabulary rounded up to a multiple of this (128: the TPU's lane width,
+    # so the embedding and decoder matmuls tile exactly); the tokenizer's ids are unchanged.
+    vocab_multiple: int = _int(1)
+    # The dtype of the parameters' copy the train step computes with (gradients included): bfloat16
+    # halves the gradients' memory and their collectives; the optimizer keeps float32 master weights.
+    step_param_dtype: str = _choice("float32", "bfloat16")
     # EncoderConfig fields to override, those set only (config.model.overrides without Nones).
     overrides: tuple = _field("any")
 

@@ -182,7 +182,9 @@ def model_shape(plan):
             return EncoderConfig.from_hf_dict(PUBLISHED_SHAPES[model.init], **common)
         raise RunError(f"--config.model.init={model.init!r}: not a local directory and not a hub id whose shape "
                        f"nli-jax knows ({', '.join(sorted(PUBLISHED_SHAPES))}); give a directory with its config.json")
-    return preset(model.preset, **common)
+    from nli_jax.train.setup import padded_vocabulary
+    shape = preset(model.preset, **common)
+    return shape.replace(vocab_size=padded_vocabulary(shape.vocab_size, model.vocab_multiple))
 
 
 def _shape_tokenizer():
@@ -334,7 +336,8 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     train_batch, eval_batch = abstract_batches(plan, task, batching, processes, batch_sharding)
 
     train = _compile(jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
-                                    accumulation=plan.batch.accumulation), state, train_batch, run_values)
+                                    accumulation=plan.batch.accumulation, step_param_dtype=plan.model.step_param_dtype),
+                     state, train_batch, run_values)
     evaluation = (_compile(jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh), params,
                            eval_batch) if eval_step else None)
 

@@ -41,8 +41,13 @@ def encoder_config_for(model: ModelPlan, tokenizer, init: str | None = None) -> 
         directory = resolve_directory(init)
         return EncoderConfig.from_hf_dict(read_config(directory), dtype=model.dtype, remat=model.remat,
                                           **model.overrides_dict), directory
-    return preset(model.preset, vocab_size=len(tokenizer), dtype=model.dtype, remat=model.remat,
-                  pad_token_id=tokenizer.pad_token_id, **model.overrides_dict), None
+    return preset(model.preset, vocab_size=padded_vocabulary(len(tokenizer), model.vocab_multiple), dtype=model.dtype,
+                  remat=model.remat, pad_token_id=tokenizer.pad_token_id, **model.overrides_dict), None
+
+
+def padded_vocabulary(size: int, multiple: int) -> int:
+    """`size` rounded up to a multiple of `multiple` (model.vocab_multiple)."""
+    return -(-size // multiple) * multiple
 
 
 def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None):

@@ -32,7 +32,7 @@ def check_dropout_streams(model) -> None:
 
 
 def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, accumulation_steps: int = 1,
-                    per_example: bool = False):
+                    per_example: bool = False, step_param_dtype=None):
     """The jitted-to-be train step (state, batch) -> (state, metric sums). `per_example`: the
     metrics also hold the task's per-example outcomes of this step's forward pass (with the
     batch's idx and weight), for training dynamics; otherwise XLA drops their computation.
@@ -40,10 +40,19 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
     `seed=None`: the step is (state, batch, run_values) -> ..., with run_values {"seed": the
     dropout seed, "lr": a factor of the updates and of `schedule`} as inputs rather than
     constants of the program, so that seeds and learning rates of a sweep compile it once (and
-    the persistent compilation cache serves every cell)."""
+    the persistent compilation cache serves every cell).
+
+    `step_param_dtype` (model.step_param_dtype "bfloat16"): the forward and backward passes use a
+    copy of the parameters in that dtype, so gradients (and their all-reduce or reduce-scatter
+    over the mesh) are in it too; the optimizer keeps the float32 parameters as master weights
+    and updates them from the gradients cast back to float32."""
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
     def loss_and_grads(params, batch, key):
+        if step_param_dtype is not None:
+            master = params
+            params = jax.tree.map(lambda p: p.astype(step_param_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                                  params)
         def loss_fn(p):
             model = nnx.merge(graphdef, p, rest)
             check_dropout_streams(model)  # at trace time: costs nothing per step
@@ -52,6 +61,8 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
             outcomes = sums.pop(PER_EXAMPLE, {})
             return loss_sum, (weight, sums, outcomes)
         (loss_sum, (weight, sums, outcomes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        if step_param_dtype is not None:  # accumulated and applied in the master weights' dtype
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, master)
         return grads, {"loss_sum": loss_sum, "weight": weight, **sums}, outcomes
 
     def train_step(state, batch, run_values=None):
