@@ -18,6 +18,9 @@ MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta", "electra")
 # "gelu_pytorch_tanh" are the tanh approximation.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 
+# The choices of EncoderConfig.attention (nli_jax.models.attention has the implementations).
+ATTENTION_IMPLEMENTATIONS = ("plain", "splash", "auto")
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -48,6 +51,9 @@ class EncoderConfig:
     dtype: str = "float32"
     # Rematerialise each layer in the backward pass (long sequences, big models).
     remat: bool = False
+    # Attention kernel (nli_jax.models.attention): "plain" XLA, "splash" (Pallas, TPU), or "auto":
+    # splash when compiling for a TPU without attention-probability dropout, plain otherwise.
+    attention: str = "auto"
     # Hugging Face fields we do not use but keep for a faithful export (bos/eos ids, ...).
     extra: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
@@ -59,6 +65,8 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"unknown attention {self.attention!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; expected one of {tuple(_DTYPES)}")
         if self.is_albert and self.num_hidden_layers % self.num_hidden_groups:
@@ -139,7 +147,7 @@ class EncoderConfig:
         model_type = d["model_type"]
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports {MODEL_TYPES}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "dtype", "remat", "model_type"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "dtype", "remat", "attention", "model_type"}
         kwargs: dict[str, Any] = {"model_type": model_type}
         for name in names:
             if name in d and d[name] is not None:

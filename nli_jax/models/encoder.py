@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nli_jax.models import attention
 from nli_jax.models.config import EncoderConfig
 
 # Logical axis names used on parameters. Activations use "batch" and "length" as well.
@@ -163,39 +164,36 @@ class SelfAttention(nnx.Module):
         # (benchmarks/encoder_vs_torch.py); on accelerators the three transposes are cheap.
         q, k, v = (jnp.swapaxes(p(x), 1, 2) for p in (self.query, self.key, self.value))
         q = q * jnp.asarray(1.0 / np.sqrt(self.config.head_dim), q.dtype)
-        rows = _cache_sized_rows(q.shape) if deterministic else 0
+        # The mask is [b, k] (padding), or [b, q, k] for packed rows (each query sees its own
+        # example's keys only); nli_jax.models.attention.attend says how each path reads it.
+        dropout_active = not deterministic and self.attention_dropout.rate > 0  # rate 0: the identity
+        probs_dropout = functools.partial(self.attention_dropout, deterministic=False) if dropout_active else None
+        implementation = attention.choose(self.config.attention, q, dropout_active=dropout_active)
+        rows = _cache_sized_rows(q.shape, like=q) if deterministic and implementation == "plain" else 0
         if rows:
             # Evaluation on one CPU device: a few batch rows at a time, so each [rows, heads, q, k]
             # block of scores stays in cache (2.4x faster at 32 x 512). Not in training: the
             # map's backward pass is slower than the batched one.
             split = lambda t: t.reshape(t.shape[0] // rows, rows, *t.shape[1:])
-            context = jax.lax.map(lambda a: self._attend(*a, deterministic=True),
+            context = jax.lax.map(lambda a: attention.attend(*a, implementation="plain"),
                                   (split(q), split(k), split(v), split(attention_mask)))
             context = context.reshape(q.shape)
         else:
-            context = self._attend(q, k, v, attention_mask, deterministic=deterministic)
+            context = attention.attend(q, k, v, attention_mask, implementation=implementation,
+                                       probs_dropout=probs_dropout)
         return self.output(jnp.swapaxes(context, 1, 2))  # [b, q, h, kv]
-
-    def _attend(self, q, k, v, attention_mask, *, deterministic: bool):
-        scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=jnp.float32)  # [b, h, q, k]
-        # Masked keys get the most negative finite value, as Hugging Face's additive mask does,
-        # so even all-padding rows stay finite. The mask is [b, k] (padding), or [b, q, k] for
-        # packed rows (each query sees its own example's keys only).
-        mask = attention_mask[:, None, None, :] if attention_mask.ndim == 2 else attention_mask[:, None]
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(self.config.compute_dtype)
-        if not deterministic:
-            probs = self.attention_dropout(probs, deterministic=False)
-        return jnp.matmul(probs, v)
 
 
 _SCORES_BLOCK_BYTES = 4 << 20  # about a core's L2 plus a share of L3 on the CPUs we measured
 
 
-def _cache_sized_rows(shape) -> int:
+def _cache_sized_rows(shape, like=None) -> int:
     """Batch rows per attention block for cache-friendly evaluation on a single CPU device, or 0
-    (one batched product) elsewhere: accelerators, sharded batches, blocks that fit anyway."""
-    if jax.default_backend() != "cpu" or jax.device_count() != 1:
+    (one batched product) elsewhere: accelerators, sharded batches, blocks that fit anyway. The
+    target is that of `like` (its mesh, or the mesh in context), not jax.default_backend(),
+    which is "cpu" while a CPU host compiles for TPUs."""
+    target = attention.compile_target(*(() if like is None else (like,)))
+    if target.platform != "cpu" or target.device_count != 1:
         return 0
     batch, heads, length, _ = shape
     per_row = heads * length * length * 4
