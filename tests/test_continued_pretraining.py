@@ -56,7 +56,7 @@ def _heldout_batches_and_reference(config, workdir):
             recorded.append(batch)
             return batch
     run.evaluator.batching = Recording()
-    report, _ = run.evaluate(run.params, "heldout")
+    report = run.evaluate(run.params, "heldout").report
     mlm = []
     for batch in recorded:
         sums, _ = run.evaluator.eval_step(run.params, pipeline.to_global(batch, run.batch_sharding))
