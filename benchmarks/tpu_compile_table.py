@@ -37,7 +37,7 @@ def rows(only: str) -> list[tuple[str, str, str, list[str]]]:
             for phase in (1, 2):
                 out.append(("pretrain", f"configs/pretrain/{model}.py:phase={phase}", "v3-8", []))
         out.append(("pod", "configs/pretrain/indobert_large.py:phase=2", "v5e-256",
-                    ["--config.mesh.shape={'data': 1, 'fsdp': -1}"]))
+                    ["--config.mesh.shape={'data': 1, 'fsdp': -1}", "--config.train.batch_size=1024"]))
     if only in ("", "finetune"):
         for topology in ("v3-8", "v4-8"):
             for config in FINETUNE_CONFIGS:

@@ -295,12 +295,17 @@ class Encoder(nnx.Module):
 
 def training_flops_per_token(model: nnx.Module, sequence_length: int) -> float:
     """Training FLOPs per token (forward and backward) of every encoder `model` holds (ELECTRA's
-    generator and discriminator; shared embeddings once): 6 x the parameters outside the embedding
-    tables, plus attention's 12 x layers x hidden x length (scores and context, forward and
-    backward), the count behind the papers' MFU figures. Works on abstract models."""
+    generator and discriminator; shared embeddings once): 6 x the parameters a token passes
+    through outside the embedding tables (an ALBERT layer shared across depth counted at every
+    depth it runs), plus attention's 12 x layers x hidden x length (scores and context, forward
+    and backward), the count behind the papers' MFU figures. Works on abstract models."""
+    def size(module) -> int:
+        return sum(x.size for _, x in nnx.to_flat_state(nnx.state(module, nnx.Param)))
     modules = [node for _, node in nnx.iter_graph(model)]  # each shared module once
-    n_params = sum(x.size for _, x in nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    embedding_params = sum(x.size for m in modules if isinstance(m, Embeddings)
-                           for _, x in nnx.to_flat_state(nnx.state(m, nnx.Param)))
-    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in modules if isinstance(m, Encoder))
-    return 6 * (n_params - embedding_params) + attention * sequence_length
+    encoders = [m for m in modules if isinstance(m, Encoder)]
+    embedding_params = sum(size(m) for m in modules if isinstance(m, Embeddings))
+    layer_params = sum(size(layer) for m in encoders for layer in m.layers)
+    applied_layer_params = sum(size(m.layers[index]) for m in encoders for index in m.schedule)
+    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in encoders)
+    outside = size(model) - embedding_params - layer_params
+    return 6 * (outside + applied_layer_params) + attention * sequence_length
