@@ -285,46 +285,37 @@ def parameter_specs(shardings, params) -> dict[str, list]:
     return out
 
 
-# --- the check ------------------------------------------------------------------------------------
-
-def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
-    """Compiles the run `config` describes for `topology_name` (TOPOLOGIES): the loop's train step
-    and evaluation step, with the plan, mesh, shardings and batch shapes such a run takes on that
-    slice. Returns the report (see `report_lines`); a program that does not fit is reported with
-    what would make it fit, not raised."""
+def abstract_model(plan, task, encoder_config, mesh):
+    """(graphdef, the non-parameter state, the parameters as abstract arrays in their shardings,
+    those shardings, the abstract model) of the task's model on `mesh`, nothing computed."""
     import jax
     from flax import nnx
     from nli_jax.models import make_rngs
-    from nli_jax.models.encoder import training_flops_per_token
-    from nli_jax.tasks import create_task
     from nli_jax.train import mesh as mesh_lib
-    from nli_jax.train import planner
-    from nli_jax.train.loop import jit_train_step, train_state_shardings
-    from nli_jax.train.optimizers import make_optimizer
-    from nli_jax.train.setup import jit_eval_step
-
-    target = topology(topology_name)
-    devices = target.devices()
-    config = _with_stand_in_files(config)
-    processes = len({d.process_index for d in devices})
-    plan = planner.build_plan(config, devices=len(devices), processes=processes, process_index=0)
-    task = create_task(plan)
-    encoder_config = model_shape(plan)
-    mesh = mesh_lib.make_mesh(plan.mesh.shape_dict, devices)
     cls, head_kwargs = task.model_class_and_kwargs()
 
     def create():
         return cls(encoder_config, rngs=make_rngs(plan.seed), **head_kwargs)
 
-    abstract_model = nnx.eval_shape(create)
-    param_shardings = mesh_lib.param_shardings(abstract_model, mesh, plan.mesh.rules)
-    graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
+    abstract = nnx.eval_shape(create)
+    param_shardings = mesh_lib.param_shardings(abstract, mesh, plan.mesh.rules)
+    graphdef, abstract_params, _ = nnx.split(abstract, nnx.Param, ...)
     # The non-parameter state (RNG keys and counts) is a constant of the steps: made on the host
     # (the parameters' initialisation is dead code there and never runs).
     rest = jax.jit(lambda: nnx.split(create(), nnx.Param, ...)[2])()
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           nnx.to_pure_dict(abstract_params), param_shardings)
+    return graphdef, rest, params, param_shardings, nnx.merge(graphdef, abstract_params, rest)
 
+
+def abstract_train_state(plan, params, param_shardings, mesh):
+    """(optimizer, schedule, the train state {params, opt_state, step} as abstract arrays in their
+    shardings, those shardings, the step's run values) as the loop makes them."""
+    import jax
+    from nli_jax.train import mesh as mesh_lib
+    from nli_jax.train import planner
+    from nli_jax.train.loop import train_state_shardings
+    from nli_jax.train.optimizers import make_optimizer
     # The schedule's length (here: a training split of 1,000 batches) only changes constants of
     # the program, not its shape or cost.
     steps = planner.step_plan(plan, plan.batch.global_batch * 1000)
@@ -339,6 +330,34 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
              "step": jax.ShapeDtypeStruct((), jax.numpy.int32, sharding=replicated)}
     run_values = {"seed": jax.ShapeDtypeStruct((), jax.numpy.uint32, sharding=replicated),
                   "lr": jax.ShapeDtypeStruct((), jax.numpy.float32, sharding=replicated)}
+    return tx, schedule, state, shardings, run_values
+
+
+# --- the check ------------------------------------------------------------------------------------
+
+def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
+    """Compiles the run `config` describes for `topology_name` (TOPOLOGIES): the loop's train step
+    and evaluation step, with the plan, mesh, shardings and batch shapes such a run takes on that
+    slice. Returns the report (see `report_lines`); a program that does not fit is reported with
+    what would make it fit, not raised."""
+    import jax
+    from nli_jax.models.encoder import training_flops_per_token
+    from nli_jax.tasks import create_task
+    from nli_jax.train import mesh as mesh_lib
+    from nli_jax.train import planner
+    from nli_jax.train.loop import jit_train_step
+    from nli_jax.train.setup import jit_eval_step
+
+    target = topology(topology_name)
+    devices = target.devices()
+    config = _with_stand_in_files(config)
+    processes = len({d.process_index for d in devices})
+    plan = planner.build_plan(config, devices=len(devices), processes=processes, process_index=0)
+    task = create_task(plan)
+    encoder_config = model_shape(plan)
+    mesh = mesh_lib.make_mesh(plan.mesh.shape_dict, devices)
+    graphdef, rest, params, param_shardings, model = abstract_model(plan, task, encoder_config, mesh)
+    tx, schedule, state, shardings, run_values = abstract_train_state(plan, params, param_shardings, mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
     batching = task.batching(_shape_tokenizer(), plan.batch)
     train_batch, eval_batch = abstract_batches(plan, task, batching, processes, batch_sharding)
@@ -349,7 +368,6 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     evaluation = (_compile(jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh), params,
                            eval_batch) if eval_step else None)
 
-    model = nnx.merge(graphdef, abstract_params, rest)
     length = plan.data.max_seq_length
     tokens_per_step = plan.batch.global_batch * length
     formula_flops = training_flops_per_token(model, length) * tokens_per_step / len(devices)

@@ -19,7 +19,6 @@ import os
 import jax
 import numpy as np
 import optax
-from flax import nnx
 
 from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline

@@ -125,7 +125,7 @@ def undivided_dims(names: Sequence[str | None] | None, shape: Sequence[int], mes
 def param_shardings(model: nnx.Module, mesh: Mesh, rules) -> dict:
     """NamedSharding for every parameter (as a pure dict, like nnx.to_pure_dict). A dimension
     the mesh does not divide (a 30,522 vocabulary over tensor:4) stays replicated, with a warning
-    naming it: pad the model's dimension (model.overrides.vocab_size) to shard it."""
+    naming it: pad the model's dimension (a from-scratch vocabulary: model.vocab_multiple) to shard it."""
     params = nnx.state(model, nnx.Param)
     out, undivided = {}, {}
     for path, var in nnx.to_flat_state(params):
