@@ -11,12 +11,17 @@ from typing import Any
 import jax.numpy as jnp
 
 from nli_jax.errors import ConfigError  # noqa: F401  (re-exported: nli_jax.models.ConfigError)
+from nli_jax.plan import REMAT_POLICIES, remat_policy_name
 
 MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta", "electra")
 
 # Hugging Face activation names -> ours. "gelu" is the exact erf form; "gelu_new" and
 # "gelu_pytorch_tanh" are the tanh approximation.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+
+# How nli-jax computes, not what the model is: never read from or written to a Hugging Face
+# config.json (from_hf_dict / to_hf_dict).
+NLI_JAX_FIELDS = ("dtype", "remat", "scan_layers")
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -46,8 +51,14 @@ class EncoderConfig:
     classifier_dropout: float | None = None
     # Compute dtype; parameters are always float32.
     dtype: str = "float32"
-    # Rematerialise each layer in the backward pass (long sequences, big models).
-    remat: bool = False
+    # What each layer keeps for the backward pass, the rest being recomputed (long sequences,
+    # big models): one of REMAT_POLICIES (nli_jax.models.encoder.layer_runner). True / False,
+    # as older configs say, mean "full" / "none".
+    remat: str = "none"
+    # Run the stack of identical layers as one nnx.scan over parameters with a leading "layers"
+    # axis: XLA compiles one layer instead of num_hidden_layers. ALBERT keeps its loop over
+    # shared layers (`scans_layers`).
+    scan_layers: bool = False
     # Hugging Face fields we do not use but keep for a faithful export (bos/eos ids, ...).
     extra: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
@@ -59,6 +70,9 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        object.__setattr__(self, "remat", remat_policy_name(self.remat))  # frozen: normalised once, here
+        if self.remat not in REMAT_POLICIES:
+            raise ConfigError(f"unknown remat {self.remat!r}; expected one of {REMAT_POLICIES} (or True / False)")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; expected one of {tuple(_DTYPES)}")
         if self.is_albert and self.num_hidden_layers % self.num_hidden_groups:
@@ -122,6 +136,12 @@ class EncoderConfig:
         return tuple(schedule)
 
     @property
+    def scans_layers(self) -> bool:
+        """Whether the encoder scans its layers: scan_layers, except ALBERT, whose few shared
+        layers run by `layer_schedule` in a loop (one compiled layer per unique layer already)."""
+        return self.scan_layers and not self.is_albert
+
+    @property
     def num_unique_layers(self) -> int:
         return self.num_hidden_groups * self.inner_group_num if self.is_albert else self.num_hidden_layers
 
@@ -139,7 +159,7 @@ class EncoderConfig:
         model_type = d["model_type"]
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports {MODEL_TYPES}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "dtype", "remat", "model_type"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", *NLI_JAX_FIELDS, "model_type"}
         kwargs: dict[str, Any] = {"model_type": model_type}
         for name in names:
             if name in d and d[name] is not None:
@@ -157,8 +177,8 @@ class EncoderConfig:
             kwargs.setdefault("layer_norm_eps", 1e-5)
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise ConfigError(f"position_embedding_type {d['position_embedding_type']!r} is not supported (only 'absolute')")
-        skip = names | {"model_type", "architectures", "transformers_version", "classifier_dropout_prob",
-                        "position_embedding_type", "dtype", "torch_dtype"}
+        skip = names | set(NLI_JAX_FIELDS) | {"model_type", "architectures", "transformers_version",
+                                              "classifier_dropout_prob", "position_embedding_type", "torch_dtype"}
         kwargs["extra"] = {k: v for k, v in d.items() if k not in skip}
         kwargs.update(overrides)
         return cls(**kwargs)
