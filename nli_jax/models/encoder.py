@@ -275,7 +275,7 @@ def _scan_layers(layers: TransformerLayer, x, attention_mask, deterministic: boo
     def body(layer, x, attention_mask):
         return run(layer, x, attention_mask, deterministic)
 
-    if deterministic:  # no RNG state touched, as in the loop: a model closed over by a jit still runs
+    if deterministic:  # no dropout: the RNG streams stay as they are and evaluation programs split nothing
         body = nnx.scan(body, in_axes=(_SCAN_DETERMINISTIC, nnx.Carry, None), out_axes=nnx.Carry,
                         transform_metadata={nnx.PARTITION_NAME: LAYERS})
     else:
