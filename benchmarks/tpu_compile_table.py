@@ -74,7 +74,9 @@ def table_line(config: str, topology: str, extra: list[str], report: dict) -> st
         return f"| {name} | {topology} | error: {report['error'][:120]} | | | | | |"
     step, model, batch = report["train_step"], report["model"], report["batch"]
     shape = f"{batch['global']} x {batch['length']}" + (f" (acc {batch['accumulation']})" if batch["accumulation"] > 1 else "")
-    setting = f"remat {'on' if model['remat'] else 'off'}, mesh {','.join(f'{k}{v}' for k, v in report['mesh'].items() if v > 1)}"
+    remat = {True: "full", False: "none"}.get(model["remat"], model["remat"])  # older reports: a bool
+    setting = (f"remat {remat}{', scan' if model.get('scan_layers') else ''}, mesh "
+               f"{','.join(f'{k}{v}' for k, v in report['mesh'].items() if v > 1)}")
     paper = paper_hours(config)
     if not step["fits"]:
         return (f"| {name} | {topology} | {shape} | {setting} | **no**: {step['advice']} | | | "

@@ -18,6 +18,7 @@ MESH_RULES = (
     ("position", None),
     ("token_type", None),
     ("labels", None),
+    ("layers", None),  # the leading axis of scanned layers' parameters (model.scan_layers): never sharded
 )
 
 
@@ -65,7 +66,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.preset = "indobert-base"
     c.model.tokenizer = ""  # default: the init directory
     c.model.dtype = "float32"
-    c.model.remat = False
+    # What each layer keeps for its backward pass: "none" (no rematerialisation), "full" (recompute
+    # the layer), "dots_saveable", "dots_with_no_batch_dims_saveable" (nli_jax.plan.REMAT_POLICIES).
+    # Any type: older configs' True / False (= "full" / "none") still assign and resume.
+    c.model.remat = ml_collections.FieldReference("none", field_type=object)
+    # One scanned layer over stacked parameters (compiles in seconds at 24 layers on TPU); ALBERT
+    # keeps its loop. Parameters, checkpoints and optimizer state then have a leading layers axis:
+    # a run resumes with the setting it started with (Hugging Face exports are the same either way).
+    c.model.scan_layers = False
     c.model.vocab_multiple = 1  # a from-scratch model's vocabulary rounded up to a multiple of this
     # "bfloat16": the train step computes with a bfloat16 copy of the parameters (float32 master weights)
     c.model.step_param_dtype = "float32"

@@ -108,6 +108,35 @@ def check_of(field: dataclasses.Field) -> Check:
     return field.metadata.get("check", Check("any"))
 
 
+# --- values of older configs ----------------------------------------------------------------
+
+# model.remat: what each transformer layer keeps for its backward pass, the rest recomputed
+# (nli_jax.models.encoder.layer_runner): nothing ("full", recompute the whole layer), every
+# matmul output ("dots_saveable"), or those without batch dimensions, i.e. the weight matmuls
+# but not attention's scores and context ("dots_with_no_batch_dims_saveable", MaxText's
+# "minimal"). "none": no rematerialisation.
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
+def remat_policy_name(value):
+    """model.remat as a policy name: older configs (and their workdirs' config.json) said
+    True / False, which meant "full" / "none". Other values pass through to be checked."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+def mesh_rules_without_layers(rules):
+    """mesh.rules less a ("layers", None) rule: an older config without it meant the same (a name
+    with no rule maps to no mesh axis), so a workdir it wrote still resumes."""
+    return type(rules)(r for r in rules if list(r) != ["layers", None]) if isinstance(rules, (list, tuple)) else rules
+
+
+# Config keys whose values from an older nli-jax mean one of today's: the workdir check compares a
+# saved config.json with the current one through these, and the planner reads section fields so.
+LEGACY_VALUES = {"model.remat": remat_policy_name, "mesh.rules": mesh_rules_without_layers}
+
+
 # --- the config's sections ------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +170,8 @@ class ModelPlan:
     preset: str = _str()
     tokenizer: str = _str()
     dtype: str = _choice("float32", "bfloat16", "float16")
-    remat: bool = _bool()
+    remat: str = _choice(*REMAT_POLICIES)  # True / False of older configs: LEGACY_VALUES
+    scan_layers: bool = _bool()
     # A from-scratch model's vocabulary rounded up to a multiple of this (128: the TPU's lane width,
     # so the embedding and decoder matmuls tile exactly); the tokenizer's ids are unchanged.
     vocab_multiple: int = _int(1)

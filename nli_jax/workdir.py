@@ -85,7 +85,10 @@ def _defaults() -> dict:
 def config_differences(saved: dict, current: dict) -> list[str]:
     """'key: saved -> current' for every key that differs, except the resumable ones and keys
     the saved config lacks that the current one gives its default."""
-    ours, theirs = flatten(current), flatten(saved)
+    from nli_jax.plan import LEGACY_VALUES
+    # An older nli-jax's value for a key is the same run as today's spelling of it (remat: false = "none").
+    ours, theirs = ({key: LEGACY_VALUES.get(key, lambda v: v)(value) for key, value in flatten(c).items()}
+                    for c in (current, saved))
     defaults = None
     out = []
     for key in sorted(set(ours) | set(theirs)):

@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from nli_jax.errors import ConfigError  # noqa: F401  (re-exported: nli_jax.models.ConfigError)
+from nli_jax.plan import REMAT_POLICIES, remat_policy_name
 
 MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta", "electra")
 
@@ -20,6 +21,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "si
 
 # The choices of EncoderConfig.attention (nli_jax.models.attention has the implementations).
 ATTENTION_IMPLEMENTATIONS = ("plain", "splash", "auto")
+# How nli-jax computes, not what the model is: never read from or written to a Hugging Face
+# config.json (from_hf_dict / to_hf_dict).
+NLI_JAX_FIELDS = ("dtype", "remat", "scan_layers", "attention")
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -49,8 +53,14 @@ class EncoderConfig:
     classifier_dropout: float | None = None
     # Compute dtype; parameters are always float32.
     dtype: str = "float32"
-    # Rematerialise each layer in the backward pass (long sequences, big models).
-    remat: bool = False
+    # What each layer keeps for the backward pass, the rest being recomputed (long sequences,
+    # big models): one of REMAT_POLICIES (nli_jax.models.encoder.layer_runner). True / False,
+    # as older configs say, mean "full" / "none".
+    remat: str = "none"
+    # Run the stack of identical layers as one nnx.scan over parameters with a leading "layers"
+    # axis: XLA compiles one layer instead of num_hidden_layers. ALBERT keeps its loop over
+    # shared layers (`scans_layers`).
+    scan_layers: bool = False
     # Attention kernel (nli_jax.models.attention): "plain" XLA, "splash" (Pallas, TPU), or "auto":
     # splash when compiling for a TPU without attention-probability dropout, plain otherwise.
     attention: str = "auto"
@@ -65,6 +75,9 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        object.__setattr__(self, "remat", remat_policy_name(self.remat))  # frozen: normalised once, here
+        if self.remat not in REMAT_POLICIES:
+            raise ConfigError(f"unknown remat {self.remat!r}; expected one of {REMAT_POLICIES} (or True / False)")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ConfigError(f"unknown attention {self.attention!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
         if self.dtype not in _DTYPES:
@@ -130,6 +143,12 @@ class EncoderConfig:
         return tuple(schedule)
 
     @property
+    def scans_layers(self) -> bool:
+        """Whether the encoder scans its layers: scan_layers, except ALBERT, whose few shared
+        layers run by `layer_schedule` in a loop (one compiled layer per unique layer already)."""
+        return self.scan_layers and not self.is_albert
+
+    @property
     def num_unique_layers(self) -> int:
         return self.num_hidden_groups * self.inner_group_num if self.is_albert else self.num_hidden_layers
 
@@ -147,7 +166,7 @@ class EncoderConfig:
         model_type = d["model_type"]
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports {MODEL_TYPES}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "dtype", "remat", "attention", "model_type"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", *NLI_JAX_FIELDS, "model_type"}
         kwargs: dict[str, Any] = {"model_type": model_type}
         for name in names:
             if name in d and d[name] is not None:
@@ -165,8 +184,8 @@ class EncoderConfig:
             kwargs.setdefault("layer_norm_eps", 1e-5)
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise ConfigError(f"position_embedding_type {d['position_embedding_type']!r} is not supported (only 'absolute')")
-        skip = names | {"model_type", "architectures", "transformers_version", "classifier_dropout_prob",
-                        "position_embedding_type", "dtype", "torch_dtype"}
+        skip = names | set(NLI_JAX_FIELDS) | {"model_type", "architectures", "transformers_version",
+                                              "classifier_dropout_prob", "position_embedding_type", "torch_dtype"}
         kwargs["extra"] = {k: v for k, v in d.items() if k not in skip}
         kwargs.update(overrides)
         return cls(**kwargs)

@@ -53,12 +53,13 @@ class ForElectraPretraining(PretrainedModel):
         return self.rngs.dropout()
 
     @classmethod
-    def from_pretrained(cls, path: str, *, generator_fraction: float, dtype=None, remat=None, seed: int = 0,
-                        strict: bool = True, config_overrides=None, **_):
+    def from_pretrained(cls, path: str, *, generator_fraction: float, dtype=None, remat=None, scan_layers=None,
+                        seed: int = 0, strict: bool = True, config_overrides=None, **_):
         """The discriminator from `path` (an ELECTRA directory), the generator from
         `path`/generator when there is one (its vocabulary must be the discriminator's), else new."""
         from nli_jax.checkpoints import hf
-        kwargs = dict(dtype=dtype, remat=remat, seed=seed, strict=strict, config_overrides=config_overrides)
+        kwargs = dict(dtype=dtype, remat=remat, scan_layers=scan_layers, seed=seed, strict=strict,
+                      config_overrides=config_overrides)
         discriminator = ForReplacedTokenDetection.from_pretrained(path, **kwargs)
         model = cls(discriminator.config, generator_fraction=generator_fraction, rngs=make_rngs(seed))
         nnx.update(model.discriminator, nnx.state(discriminator))

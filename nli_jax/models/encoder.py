@@ -231,6 +231,59 @@ def _run_layer(layer: TransformerLayer, x, attention_mask, deterministic: bool):
 
 _run_layer_remat = nnx.remat(_run_layer, static_argnums=(3,))
 
+# model.remat policies that save some intermediates (jax.checkpoint_policies); "full" saves none.
+_SAVED = {"dots_saveable": jax.checkpoint_policies.dots_saveable,
+          "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+@functools.cache
+def layer_runner(policy: str, scanned: bool):
+    """_run_layer under `policy` (config.remat, one of nli_jax.plan.REMAT_POLICIES), in a Python
+    loop or as a scan's body. A scan's loop boundary already keeps XLA from merging the recomputation
+    with the forward pass, so prevent_cse (extra barriers) is off there, as jax.checkpoint advises."""
+    if policy == "none":
+        return _run_layer
+    if policy == "full" and not scanned:
+        return _run_layer_remat  # what remat=True has always run
+    return nnx.remat(_run_layer, static_argnums=(3,), policy=_SAVED.get(policy), prevent_cse=not scanned)
+
+
+# Scanned layers (config.scans_layers): Params carry a leading axis with this logical name (mapped to
+# no mesh axis by the rules); the "dropout" stream of each layer's Dropouts keeps a scalar key,
+# reseeded by the train step like any other, and is split across the layers at each training call.
+LAYERS = "layers"
+_SCAN_TRAINING = nnx.StateAxes({(nnx.Param, "dropout"): 0, ...: None})
+_SCAN_DETERMINISTIC = nnx.StateAxes({nnx.Param: 0, ...: None})
+
+
+def _stacked_layers(config: EncoderConfig, rngs: nnx.Rngs) -> TransformerLayer:
+    """One TransformerLayer whose parameters are num_hidden_layers layers' stacked, each drawn
+    from its own split of the "params" stream."""
+    @nnx.split_rngs(splits=config.num_hidden_layers, only="params")
+    @nnx.vmap(in_axes=(nnx.StateAxes({"params": 0, ...: None}),), out_axes=nnx.StateAxes({nnx.Param: 0, ...: None}),
+              transform_metadata={nnx.PARTITION_NAME: LAYERS})
+    def create(rngs):
+        return TransformerLayer(config, rngs=rngs)
+    return create(rngs)
+
+
+def _scan_layers(layers: TransformerLayer, x, attention_mask, deterministic: bool, config: EncoderConfig):
+    run = layer_runner(config.remat, True)
+
+    def body(layer, x, attention_mask):
+        return run(layer, x, attention_mask, deterministic)
+
+    if deterministic:  # no dropout: the RNG streams stay as they are and evaluation programs split nothing
+        body = nnx.scan(body, in_axes=(_SCAN_DETERMINISTIC, nnx.Carry, None), out_axes=nnx.Carry,
+                        transform_metadata={nnx.PARTITION_NAME: LAYERS})
+    else:
+        # Each layer draws its masks from its own split of every "dropout" key (other masks per
+        # layer); the split advances the stream, so successive calls differ as in the loop.
+        body = nnx.split_rngs(splits=config.num_hidden_layers, only="dropout")(
+            nnx.scan(body, in_axes=(_SCAN_TRAINING, nnx.Carry, None), out_axes=nnx.Carry,
+                     transform_metadata={nnx.PARTITION_NAME: LAYERS}))
+    return body(layers, x, attention_mask)
+
 
 def first_tokens(x, packing=None):
     """Each example's first-token ([CLS] / <s>) hidden state: x[:, 0], or for packed rows
@@ -269,7 +322,10 @@ class Encoder(nnx.Module):
             self.embedding_projection = dense(config, config.embed_dim, config.hidden_size, (EMBED, HIDDEN), rngs=rngs)
         else:
             self.embedding_projection = None
-        self.layers = nnx.List([TransformerLayer(config, rngs=rngs) for _ in range(config.num_unique_layers)])
+        if config.scans_layers:
+            self.layers = _stacked_layers(config, rngs)
+        else:
+            self.layers = nnx.List([TransformerLayer(config, rngs=rngs) for _ in range(config.num_unique_layers)])
         self.schedule = config.layer_schedule()
         self.pooler = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if add_pooler else None
 
@@ -286,11 +342,65 @@ class Encoder(nnx.Module):
         x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, packing=packing)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
-        run = _run_layer_remat if self.config.remat else _run_layer
-        for index in self.schedule:
-            x = run(self.layers[index], x, attention_mask, deterministic)
+        if self.config.scans_layers:
+            x = _scan_layers(self.layers, x, attention_mask, deterministic, self.config)
+        else:
+            run = layer_runner(self.config.remat, False)
+            for index in self.schedule:
+                x = run(self.layers[index], x, attention_mask, deterministic)
         pooled = jnp.tanh(self.pooler(first_tokens(x, packing))) if self.pooler is not None else None
         return x, pooled
+
+
+# --- scanned <-> per-layer parameters ---------------------------------------------------------
+# The one place that knows how a scanned encoder's stacked parameters correspond to a loop's
+# per-layer ones: {path: value} flat mappings (nnx.to_flat_state paths), where a loop's layer i
+# is (..., "layers", i, *rest) and a scan's stacked array is (..., "layers", *rest) with layer i at
+# [i]. Hugging Face import/export (nli_jax.models.pretrained) and tests convert through these.
+
+def _stacked_position(path) -> int | None:
+    """Index of "layers" in a stacked parameter's path ("layers" followed by a name, not an index)."""
+    for i, part in enumerate(path[:-1]):
+        if part == LAYERS and isinstance(path[i + 1], str):
+            return i
+    return None
+
+
+def unstack_layers(flat: dict) -> dict:
+    """Stacked layer parameters -> one entry per layer (value[i]; ShapeDtypeStructs lose the
+    leading axis). Everything else, and a loop's per-layer paths, pass through."""
+    out = {}
+    for path, value in flat.items():
+        at = _stacked_position(path)
+        if at is None:
+            out[path] = value
+            continue
+        for i in range(value.shape[0]):
+            layer = (jax.ShapeDtypeStruct(value.shape[1:], value.dtype) if isinstance(value, jax.ShapeDtypeStruct)
+                     else value[i])
+            out[(*path[:at + 1], i, *path[at + 1:])] = layer
+    return out
+
+
+def stack_layers(flat: dict) -> dict:
+    """Per-layer parameters (..., "layers", i, *rest) -> one array per (..., "layers", *rest), the
+    layers stacked in index order along a new leading axis. Everything else passes through."""
+    out, groups = {}, {}
+    for path, value in flat.items():
+        at = next((i for i, part in enumerate(path[:-1]) if part == LAYERS and isinstance(path[i + 1], int)), None)
+        if at is None:
+            out[path] = value
+        else:
+            groups.setdefault((*path[:at + 1], *path[at + 2:]), {})[path[at + 1]] = value
+    for path, layers in groups.items():
+        if sorted(layers) != list(range(len(layers))):
+            raise ValueError(f"{'.'.join(map(str, path))}: layers {sorted(layers)} are not 0..{len(layers) - 1}")
+        values = [layers[i] for i in range(len(layers))]
+        if all(isinstance(v, jax.ShapeDtypeStruct) for v in values):
+            out[path] = jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype)
+        else:
+            out[path] = jnp.stack([jnp.asarray(v) for v in values])
+    return out
 
 
 def training_flops_per_token(model: nnx.Module, sequence_length: int) -> float:
@@ -304,8 +414,10 @@ def training_flops_per_token(model: nnx.Module, sequence_length: int) -> float:
     modules = [node for _, node in nnx.iter_graph(model)]  # each shared module once
     encoders = [m for m in modules if isinstance(m, Encoder)]
     embedding_params = sum(size(m) for m in modules if isinstance(m, Embeddings))
-    layer_params = sum(size(layer) for m in encoders for layer in m.layers)
-    applied_layer_params = sum(size(m.layers[index]) for m in encoders for index in m.schedule)
+    layer_params = sum(size(m.layers) for m in encoders)
+    # A scanned stack runs each of its stacked layers once; a loop runs layers[index] per depth.
+    applied_layer_params = sum(size(m.layers) if m.config.scans_layers else
+                               sum(size(m.layers[index]) for index in m.schedule) for m in encoders)
     attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in encoders)
     outside = size(model) - embedding_params - layer_params
     return 6 * (outside + applied_layer_params) + attention * sequence_length

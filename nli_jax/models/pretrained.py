@@ -6,6 +6,9 @@ knows nothing of the models); each model class declares how transformers names i
 Layouts: HF Linear weights are [out, in], ours are [in, out]; our attention projections keep
 heads as their own axis ([embed, heads, kv] and [heads, kv, embed]) for tensor parallelism.
 Every mismatch is reported by name before any compute.
+
+A scanned encoder (config.scan_layers) holds its layers' parameters stacked; everything here sees
+them per layer, as transformers names them, through encoder.unstack_layers / stack_layers.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from flax import nnx
 
 from nli_jax.checkpoints import hf
 from nli_jax.models.config import ConfigError, EncoderConfig
-from nli_jax.models.encoder import make_rngs
+from nli_jax.models.encoder import make_rngs, stack_layers, unstack_layers
 
 log = logging.getLogger("nli_jax.checkpoints.hf")
 
@@ -137,7 +140,7 @@ def parameter_entries(model: "PretrainedModel") -> list[Entry]:
     config = model.config
     prefix = "" if model.hf_base_model else _PREFIX[config.model_type] + "."
     entries = []
-    for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path in _per_layer_shapes(model):
         if path[0] == "encoder":
             name, in_axes = _encoder_names(config, path[1:])
             entries.append(Entry(path, prefix + name, in_axes, True))
@@ -145,6 +148,12 @@ def parameter_entries(model: "PretrainedModel") -> list[Entry]:
             in_axes = 1 if path[-1] == "kernel" else 0
             entries.append(Entry(path, _head_name(config, model, path), in_axes, False))
     return entries
+
+
+def _per_layer_shapes(model: "PretrainedModel") -> dict:
+    """{parameter path: ShapeDtypeStruct}, a scanned encoder's layers one by one."""
+    return unstack_layers({path: jax.ShapeDtypeStruct(v.shape, v.dtype)
+                           for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))})
 
 
 def _hf_shape(e: Entry, shape: tuple) -> tuple:
@@ -187,8 +196,8 @@ def _canonical(config: EncoderConfig, weights: dict) -> dict:
     return out
 
 
-def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: bool | None = None, seed: int = 0,
-                    strict: bool = True, config_overrides: dict | None = None, **head_kwargs):
+def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: str | bool | None = None,
+                    scan_layers: bool | None = None, seed: int = 0, strict: bool = True, config_overrides: dict | None = None, **head_kwargs):
     """Builds `cls` from a Hugging Face model directory (or hub id).
 
     Heads the checkpoint lacks (a new classifier, say) are freshly initialised and logged.
@@ -202,6 +211,8 @@ def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: bool | N
         overrides["dtype"] = dtype
     if remat is not None:
         overrides["remat"] = remat
+    if scan_layers is not None:
+        overrides["scan_layers"] = scan_layers
     config = EncoderConfig.from_hf_dict(config_json, **overrides)
     if cls.hf_id2label and "num_labels" not in head_kwargs:
         if "id2label" not in config_json:
@@ -231,6 +242,8 @@ def _model_to_load(cls, config: EncoderConfig, seed: int, head_kwargs: dict, wei
     def initialise_the_rest():
         model = cls(config, rngs=make_rngs(seed), **head_kwargs)
         provided = {e.path for e in _checkpoint_entries(model) if e.hf_name in weights}
+        if config.scans_layers:  # a stacked parameter is the checkpoint's when its layers are (else: missing)
+            provided = set(stack_layers({path: jax.ShapeDtypeStruct((), np.float32) for path in provided}))
         graphdef, state = nnx.split(model)
         variables, drawn = [], []
         for path, variable in nnx.to_flat_state(state):
@@ -264,10 +277,11 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
     entries = _checkpoint_entries(model)
     state = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(state))
+    shapes = _per_layer_shapes(model)
     missing, mismatched, fresh, used = [], [], [], set()
     new_values = {}
     for e in entries:
-        ours = flat[e.path]
+        ours = shapes[e.path]
         if e.hf_name not in weights:
             # The pooler and heads are legitimately absent from some checkpoints (MLM-only
             # checkpoints have no pooler; a base model has no classifier): train them from scratch.
@@ -300,15 +314,15 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
         log.warning("%s: newly initialised (not in %s): %s", type(model).__name__, source, fresh)
     if heads_unused:
         log.info("%s: unused checkpoint weights (other heads): %s", type(model).__name__, heads_unused)
-    for path, value in new_values.items():
+    for path, value in (stack_layers(new_values) if config.scans_layers else new_values).items():
         flat[path].set_value(jax.numpy.asarray(value, dtype=flat[path].get_value().dtype))
     nnx.update(model, nnx.from_flat_state(flat))
 
 
 def state_dict(model: "PretrainedModel") -> dict[str, np.ndarray]:
     """Our parameters under Hugging Face names and layouts (float32 numpy)."""
-    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    return {e.hf_name: to_hf(e, np.asarray(flat[e.path][...])) for e in parameter_entries(model)}
+    flat = unstack_layers({path: np.asarray(v[...]) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))})
+    return {e.hf_name: to_hf(e, flat[e.path]) for e in parameter_entries(model)}
 
 
 def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, label_names=None,

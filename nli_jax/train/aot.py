@@ -182,7 +182,7 @@ def model_shape(plan):
     from nli_jax.models.config import EncoderConfig
     from nli_jax.models.presets import PUBLISHED_SHAPES
     model = plan.model
-    common = dict(dtype=model.dtype, remat=model.remat, **model.overrides_dict)
+    common = dict(dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers, **model.overrides_dict)
     if model.init:
         if storage.isdir(model.init):
             return EncoderConfig.from_hf_dict(read_config(model.init), **common)
@@ -377,7 +377,8 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
         "device_kind": devices[0].device_kind, "mesh": dict(mesh.shape),
         "model": {"model_type": encoder_config.model_type, "layers": encoder_config.num_hidden_layers,
                   "hidden": encoder_config.hidden_size, "vocab": encoder_config.vocab_size,
-                  "parameters": n_params, "dtype": encoder_config.dtype, "remat": encoder_config.remat},
+                  "parameters": n_params, "dtype": encoder_config.dtype, "remat": encoder_config.remat,
+                  "scan_layers": encoder_config.scans_layers, "step_param_dtype": plan.model.step_param_dtype},
         "batch": {"global": plan.batch.global_batch, "per_device": plan.batch.global_batch // plan.batch.data_parallel,
                   "accumulation": plan.batch.accumulation, "length": length,
                   "train_shapes": {k: list(v.shape) for k, v in train_batch.items()},
@@ -448,8 +449,8 @@ def _advice(error: str, params_bytes: int, opt_bytes: int, batch_bytes: int, pla
             options.append(f"--config.mesh.shape=\"{{'data': 1, 'fsdp': -1}}\" (parameters and optimizer state "
                            f"{fixed / GIB:.1f} GiB -> {fixed / GIB * fsdp / devices:.1f} GiB per device)")
     else:
-        if not plan.model.remat:
-            options.append("--config.model.remat=True (activations recomputed in the backward pass)")
+        if plan.model.remat == "none":
+            options.append("--config.model.remat=full (activations recomputed in the backward pass)")
         room, per_device = available - fixed, plan.batch.global_batch // plan.batch.data_parallel // plan.batch.accumulation
         factor = 2 ** math.ceil(math.log2(max(temporaries / room, 1.0001)))
         if factor <= per_device:
@@ -466,7 +467,8 @@ def report_lines(report: dict) -> list[str]:
     lines = [f"{report['topology']}: {report['devices']} {report['device_kind']} devices on {report['hosts']} host(s), "
              f"mesh {report['mesh']} | {report['model']['model_type']} {report['model']['layers']} x "
              f"{report['model']['hidden']}, {report['model']['parameters'] / 1e6:.1f}M parameters, "
-             f"{report['model']['dtype']}, remat {report['model']['remat']} | batch {report['batch']['global']} x "
+             f"{report['model']['dtype']}, remat {report['model']['remat']}"
+             f"{', scanned layers' if report['model']['scan_layers'] else ''} | batch {report['batch']['global']} x "
              f"{report['batch']['length']} ({report['batch']['per_device']} per device, accumulation "
              f"{report['batch']['accumulation']})"]
     for name in ("train_step", "eval_step"):

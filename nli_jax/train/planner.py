@@ -138,6 +138,7 @@ def _section(config, name: str, cls, problems: list[str]):
                             "start from configs/finetune_common.base_config())")
             continue
         value = _tuples(node[field.name])
+        value = P.LEGACY_VALUES.get(key, lambda v: v)(value)
         bad = P.check_of(field).problem(value)
         if bad:
             problems.append(f"{flag(key, value)}: {key} {bad}")

@@ -40,9 +40,10 @@ def encoder_config_for(model: ModelPlan, tokenizer, init: str | None = None) -> 
     if init:
         directory = resolve_directory(init)
         return EncoderConfig.from_hf_dict(read_config(directory), dtype=model.dtype, remat=model.remat,
-                                          **model.overrides_dict), directory
+                                          scan_layers=model.scan_layers, **model.overrides_dict), directory
     return preset(model.preset, vocab_size=padded_vocabulary(len(tokenizer), model.vocab_multiple), dtype=model.dtype,
-                  remat=model.remat, pad_token_id=tokenizer.pad_token_id, **model.overrides_dict), None
+                  remat=model.remat, scan_layers=model.scan_layers, pad_token_id=tokenizer.pad_token_id,
+                  **model.overrides_dict), None
 
 
 def padded_vocabulary(size: int, multiple: int) -> int:
@@ -55,8 +56,8 @@ def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None =
     cls, head_kwargs = task.model_class_and_kwargs()
     init = init or model.init
     if init:
-        return cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, seed=seed,
-                                   config_overrides=model.overrides_dict, **head_kwargs)
+        return cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers,
+                                   seed=seed, config_overrides=model.overrides_dict, **head_kwargs)
     encoder_config, _ = encoder_config_for(model, tokenizer)
     return cls(encoder_config, rngs=make_rngs(seed), **head_kwargs)
 
