@@ -83,7 +83,7 @@ def table_line(config: str, topology: str, extra: list[str], report: dict) -> st
                 f"{'' if not paper or not paper[0] else paper[0]} |")
     if step["compiler_estimated_seconds"] is None:  # a Pallas kernel: no estimate
         return (f"| {name} | {topology} | {shape} | {setting} | yes, {step['total_gib']:.2f} GiB "
-                f"(temp {step['temporaries_gib']:.2f}) | none ({step['pallas_kernels']} Pallas kernels) | "
+                f"(temp {step['temporaries_gib']:.2f}) | none ({step.get('no_estimate') or 'Pallas kernels'}) | "
                 f"{step['compile_seconds']:.0f} s | |")
     hours = ""
     if paper:

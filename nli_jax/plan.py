@@ -298,6 +298,13 @@ class BatchPlan:
     # each of local_eval_batch / groups rows (pipeline.packed_eval_batches). 0: padded.
     eval_packing_groups: int = 0
 
+    @property
+    def accumulation_shards(self) -> int:
+        """Data-parallel devices a training batch's micro-batches are laid out over, shard by shard
+        (pipeline.shard_major, steps.make_train_step): all of them when each process holds whole
+        shards, else 1 (micro-batch by micro-batch)."""
+        return self.data_parallel if self.data_parallel % self.processes == 0 else 1
+
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:

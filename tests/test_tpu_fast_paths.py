@@ -75,3 +75,39 @@ def test_bfloat16_step_parameters_halve_the_gradient_collectives_on_tpu():
     reduced = {dtype: r["collectives"]["all-reduce"]["bytes"] for dtype, r in reports.items()}
     assert reduced["bfloat16"] < 0.6 * reduced["float32"], reduced
     assert reports["bfloat16"]["parameters_gib"] == reports["float32"]["parameters_gib"]  # master weights stay float32
+
+
+def test_micro_batches_keep_their_examples_and_each_device_its_rows():
+    """Accumulation over data-parallel devices: the pipeline lays a batch out shard by shard and
+    the step takes micro-batch m back as [:, m]: the same examples in the same order as the
+    contiguous split (so 1 and 8 devices train alike), while each device's contiguous rows hold a
+    part of every micro-batch."""
+    from nli_jax.train.steps import micro_batches
+    accumulation, shards, per_device = 2, 4, 3
+    n = accumulation * shards * per_device
+    batch = {"idx": np.arange(n), "cls_index": np.arange(n * 2).reshape(n, 2)}
+    laid = pipeline.shard_major(batch, accumulation, shards)
+    split = jax.device_get(micro_batches(laid, accumulation, shards))
+    for m in range(accumulation):
+        np.testing.assert_array_equal(split["idx"][m], np.arange(m * n // accumulation, (m + 1) * n // accumulation))
+        np.testing.assert_array_equal(split["cls_index"][m], batch["cls_index"][m * n // accumulation:(m + 1) * n // accumulation])
+    for device in range(shards):  # its rows: a contiguous slice of the laid-out batch
+        rows = laid["idx"][device * n // shards:(device + 1) * n // shards]
+        assert {int(i) * accumulation // n for i in rows} == set(range(accumulation))
+    one_device = jax.device_get(micro_batches(batch, accumulation, 1))
+    np.testing.assert_array_equal(one_device["idx"], split["idx"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the TPU compiler (libtpu) is not installed")
+def test_accumulation_shrinks_the_step_on_several_devices():
+    """On a v4-8 (4 devices), two micro-batches of a 4 x 256 BERT's 512 x 128 batch take less HBM
+    than the whole batch at once: each
+    device computes its own rows of each micro-batch (laid out micro-batch by micro-batch, the
+    temporaries did not shrink: IndoBERT-large phase 2 needed 20.1 GiB with two against 17.7)."""
+    from nli_jax.train import aot
+    temporaries = {}
+    for accumulation in (1, 2):
+        config = config_for("indonli_large:cpu_test", "model.preset=small-bert", "train.batch_size=512",
+                            f"train.accumulation_steps={accumulation}", "data.max_seq_length=128")
+        temporaries[accumulation] = aot.compile_run(config, "v4-8", eval_step=False)["train_step"]["temporaries_gib"]
+    assert temporaries[2] < 0.75 * temporaries[1], temporaries

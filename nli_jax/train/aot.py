@@ -363,7 +363,8 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     train_batch, eval_batch = abstract_batches(plan, task, batching, processes, batch_sharding)
 
     train = _compile(jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
-                                    accumulation=plan.batch.accumulation, step_param_dtype=plan.model.step_param_dtype),
+                                    accumulation=plan.batch.accumulation, step_param_dtype=plan.model.step_param_dtype,
+                                    data_parallel=plan.batch.accumulation_shards),
                      state, train_batch, run_values)
     evaluation = (_compile(jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh), params,
                            eval_batch) if eval_step else None)
@@ -421,6 +422,20 @@ def _step_report(compiled: Compiled, state, batch, formula_flops, tokens_per_ste
                collectives=collectives(compiled.hlo),
                parameter_specs=parameter_specs(compiled.input_shardings[0]["params"] if "opt_state" in state
                                                else compiled.input_shardings[0], state["params"]))
+    # The cost model counts a while loop's body once, whatever its trip count (measured: a scan of
+    # three matmuls costs one). Accumulation's micro-batches are such a loop around nearly the whole
+    # step: its FLOPs and time are multiplied by the trip count. Scanned layers leave a loop of the
+    # layers' share of the step, which the estimate cannot be scaled for: no time estimate then.
+    if " while(" in compiled.hlo and formula_flops is not None and seconds is not None:
+        if plan.model.scan_layers:
+            seconds = out["compiler_estimated_seconds"] = None
+            out["no_estimate"] = "scanned layers: the cost model counts one layer"
+        elif plan.batch.accumulation > 1:
+            out["loops_counted_once_scale"] = plan.batch.accumulation
+            seconds *= plan.batch.accumulation
+            flops *= plan.batch.accumulation
+            out.update(compiler_estimated_seconds=round(seconds, 5),
+                       compiler_tflops_per_device=round(flops / 1e12, 4))
     if formula_flops is not None and seconds is not None:
         out.update(formula_tflops_per_device=round(formula_flops / 1e12, 4),
                    compiler_over_formula=round(flops / formula_flops, 3) if formula_flops else None,
@@ -484,8 +499,11 @@ def report_lines(report: dict) -> list[str]:
                 f"compiled in {step['compile_seconds']:.0f} s; compiler: {step['compiler_tflops_per_device']:.3f} "
                 + (f"TFLOP per device, estimated {step['compiler_estimated_seconds']:.4f} s"
                    if step["compiler_estimated_seconds"] is not None else
-                   f"TFLOP per device outside its {step['pallas_kernels']} Pallas kernel(s), no time estimate "
-                   "(the cost model cannot see inside them)"))
+                   (f"TFLOP per device, no time estimate ({step['no_estimate']})" if "no_estimate" in step else
+                    f"TFLOP per device outside its {step['pallas_kernels']} Pallas kernel(s), no time estimate "
+                    "(the cost model cannot see inside them)")))
+        if "loops_counted_once_scale" in step:
+            line += f" (x{step['loops_counted_once_scale']} micro-batches: the cost model counts the loop once)"
         if "formula_tflops_per_device" in step:
             line += (f" (formula {step['formula_tflops_per_device']:.3f} TFLOP, x{step['compiler_over_formula']}; "
                      f"estimated MFU {step['compiler_estimated_mfu']:.0%}, {step['tokens_per_second']:,} tokens/s, "

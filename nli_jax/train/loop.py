@@ -175,7 +175,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                                                lr_factor=plan.optimizer.lr,
                                                accumulation=plan.batch.accumulation,
                                                per_example=bool(recorder and not recorder.every_steps),
-                                               step_param_dtype=plan.model.step_param_dtype)
+                                               step_param_dtype=plan.model.step_param_dtype,
+                                               data_parallel=plan.batch.accumulation_shards)
     batches = _train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
@@ -239,7 +240,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
 
 def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx, schedule, *,
                            seed: int, accumulation: int, per_example: bool = False, lr_factor: float = 1.0,
-                           step_param_dtype: str = "float32"):
+                           step_param_dtype: str = "float32", data_parallel: int = 1):
     """The train state {params, opt_state, step} in its shardings, and the jitted train step
     (state donated; `per_example`: its metrics hold the examples' outcomes, for training
     dynamics). The seed and `lr_factor` (the peak learning rate, for a tx made with
@@ -250,7 +251,8 @@ def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_
     opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
     compiled = jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
-                              accumulation=accumulation, per_example=per_example, step_param_dtype=step_param_dtype)
+                              accumulation=accumulation, per_example=per_example, step_param_dtype=step_param_dtype,
+                              data_parallel=data_parallel)
     run_values = {"seed": mesh_lib.put_global(np.uint32(seed), replicated),
                   "lr": mesh_lib.put_global(np.float32(lr_factor), replicated)}
     return state, TrainStep(compiled, run_values)
@@ -267,13 +269,14 @@ def train_state_shardings(tx, params, param_shardings, mesh) -> dict:
 
 
 def jit_train_step(graphdef, rest, task, tx, schedule, state_shardings, batch_sharding, mesh, *, accumulation: int,
-                   per_example: bool = False, step_param_dtype: str = "float32"):
+                   per_example: bool = False, step_param_dtype: str = "float32", data_parallel: int = 1):
     """The run's train step under jit: (state, batch, run_values {seed, lr}) -> (state, metrics),
     state donated. The one the loop runs and launch.compile compiles for a TPU topology."""
     replicated = mesh_lib.replicated(mesh)
     return jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=None, accumulation_steps=accumulation,
                                    per_example=per_example,
-                                   step_param_dtype=None if step_param_dtype == "float32" else step_param_dtype),
+                                   step_param_dtype=None if step_param_dtype == "float32" else step_param_dtype,
+                                   data_parallel=data_parallel),
                    in_shardings=(state_shardings, batch_sharding, replicated),
                    out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
@@ -335,7 +338,8 @@ def _train_batches(run: RunSetup, train_source, total_steps: int | None = None) 
     batches = pipeline.training_batches(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
                                         seed=run.plan.seed, num_epochs=run.plan.train.num_epochs, process_index=pi,
                                         process_count=pc, lengths=lengths,
-                                        compile_cost_tokens=run.plan.data.compile_cost_tokens, steps=total_steps)
+                                        compile_cost_tokens=run.plan.data.compile_cost_tokens, steps=total_steps,
+                                        micro_batches=batch.accumulation, shards=batch.accumulation_shards // pc)
     if batches.plan is not None:
         log.info("training steps: %s (data.compile_cost_tokens=%d)", batches.plan.describe(),
                  run.plan.data.compile_cost_tokens)

@@ -31,8 +31,16 @@ def check_dropout_streams(model) -> None:
                          f"every step (first: {frozen[0]}); build the model with nli_jax.models.make_rngs(seed)")
 
 
+def micro_batches(batch: dict, accumulation_steps: int, data_parallel: int) -> dict:
+    """[accumulation_steps, micro-batch, ...] of every field of a batch laid out shard by shard
+    over `data_parallel` devices (pipeline.shard_major): micro-batch m is [:, m] of
+    [data_parallel, accumulation_steps, n], each device's rows staying on it."""
+    return jax.tree.map(lambda x: x.reshape(data_parallel, accumulation_steps, -1, *x.shape[1:]).swapaxes(0, 1)
+                        .reshape(accumulation_steps, -1, *x.shape[1:]), batch)
+
+
 def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, accumulation_steps: int = 1,
-                    per_example: bool = False, step_param_dtype=None):
+                    per_example: bool = False, step_param_dtype=None, data_parallel: int = 1):
     """The jitted-to-be train step (state, batch) -> (state, metric sums). `per_example`: the
     metrics also hold the task's per-example outcomes of this step's forward pass (with the
     batch's idx and weight), for training dynamics; otherwise XLA drops their computation.
@@ -45,7 +53,11 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
     `step_param_dtype` (model.step_param_dtype "bfloat16"): the forward and backward passes use a
     copy of the parameters in that dtype, so gradients (and their all-reduce or reduce-scatter
     over the mesh) are in it too; the optimizer keeps the float32 parameters as master weights
-    and updates them from the gradients cast back to float32."""
+    and updates them from the gradients cast back to float32.
+
+    With accumulation, batches come laid out shard by shard over the `data_parallel` devices
+    (pipeline.shard_major): micro-batch m is [:, m] of [data_parallel, accumulation_steps, n], so
+    every device computes its own rows of each micro-batch."""
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
     def loss_and_grads(params, batch, key):
@@ -81,7 +93,7 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
             grads, sums, outcomes = loss_and_grads(params, batch, step_key)
         else:
             split = {k: v for k, v in batch.items() if k != "loss_normalizers"}
-            micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), split)
+            micro = micro_batches(split, accumulation_steps, data_parallel)
             extra = {"loss_normalizers": normalizers} if normalizers is not None else {}
 
             def body(carry, xs):
@@ -91,7 +103,9 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
             zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_and_grads(
                 params, {**jax.tree.map(lambda x: x[0], micro), **extra}, step_key)[:2]))
             (grads, sums), outcomes = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
-            outcomes = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outcomes)  # micro-batches in order
+            # Back in the batch's own order (shard by shard), as its idx and weight are.
+            outcomes = jax.tree.map(lambda x: x.reshape(accumulation_steps, data_parallel, -1, *x.shape[2:])
+                                    .swapaxes(0, 1).reshape(-1, *x.shape[2:]), outcomes)
         # Mean over the weighted examples of the whole global batch.
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
