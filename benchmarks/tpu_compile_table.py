@@ -4,7 +4,8 @@ projects, against the IndoNLU paper's Table 4 hours on the same v3-8 where it ha
 
     python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table            # every row
     python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --only=pretrain
-    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --extra=--config.model.remat=False
+    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --extra=--config.model.remat=full
+    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --match=indobert_lite   # recompile these rows
 
 Each row's JSON report stays in --workdir (a rerun reuses the reports it finds: --fresh
 recompiles); the markdown table is printed and written to <workdir>/table.md.
@@ -100,7 +101,9 @@ def main() -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--only", default="", choices=("", "pretrain", "finetune"))
     parser.add_argument("--extra", action="append", default=[], help="flags added to every row's command")
-    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--fresh", action="store_true", help="recompile the rows whose reports --workdir holds")
+    parser.add_argument("--match", action="append", default=[],
+                        help="recompile only the rows whose config contains this (others: their reports)")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -112,8 +115,9 @@ def main() -> None:
         key = (config + "_" + topology + "_" + "_".join(extra)).replace("/", "_").replace(":", "_").replace(" ", "")
         key = "".join(c if c.isalnum() or c in "._-=" else "_" for c in key)
         print(f"{config} on {topology} {' '.join(extra)}", flush=True)
+        fresh = args.fresh or any(m in config + " " + topology for m in args.match)
         lines.append(table_line(config, topology, extra, run_row(config, topology, extra, workdir / f"{key}.json",
-                                                                 args.fresh)))
+                                                                 fresh)))
         print(lines[-1], flush=True)
     (workdir / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -25,6 +25,7 @@ class _IndoNLUData:
 
     def __init__(self, name: str, data_plan: DataPlan):
         self.name, self.spec, self.data = name, data.TASKS[name], data_plan
+        self.labels = tuple(self.spec.labels)  # the benchmark's label set; a tagging task's comes from its files
 
     def load(self, workdir=None):
         splits, vocabulary = data.prepare(self.spec.name, self.data.source or None, self.data.tfds_dir)
