@@ -217,6 +217,11 @@ def splash_attention(q, k, v, segments):
     return context[:, :, :length] if padded != length else context
 
 
+def batch_axes_dividing(mesh, dim: int):
+    """The mesh's batch axes a batch of `dim` rows is split over (None: replicated)."""
+    return _dividing_axes(mesh, BATCH_MESH_AXES, dim)
+
+
 def _dividing_axes(mesh, candidates, dim: int):
     """The mesh axes among `candidates` (size > 1) to split a dimension of size `dim` over, or
     None (replicated) when their product does not divide it: as nli_jax.train.mesh does."""

@@ -218,11 +218,27 @@ class TransformerLayer(nnx.Module):
 
     def __call__(self, x, attention_mask, deterministic: bool):
         dtype = self.config.compute_dtype
-        attn = self.dropout(self.attention(x, attention_mask, deterministic=deterministic), deterministic=deterministic)
+        x = batch_sharded(x)
+        attn = batch_sharded(self.attention(x, attention_mask, deterministic=deterministic))
+        attn = self.dropout(attn, deterministic=deterministic)
         x = self.attention_norm((attn + x).astype(jnp.float32)).astype(dtype)
-        y = self.mlp_out(self.act(self.mlp_in(x)))
+        y = batch_sharded(self.mlp_out(self.act(self.mlp_in(x))))
         y = self.dropout(y, deterministic=deterministic)
-        return self.mlp_norm((y + x).astype(jnp.float32)).astype(dtype)
+        return batch_sharded(self.mlp_norm((y + x).astype(jnp.float32)).astype(dtype))
+
+
+def batch_sharded(x):
+    """Hidden states [batch, length, hidden] split over the mesh's batch axes only, when compiled
+    over a mesh (else unchanged). With FSDP the weights' hidden ("embed") dimension is split over
+    the fsdp axis, and XLA, left to choose, split the activations' hidden dimension too and moved
+    them at every layer: a 4 x 256 BERT's step on a v4-8 with fsdp:4 held 2.11 GiB of temporaries
+    with 57 all-reduces and 56 all-to-alls, against 0.61 GiB data-parallel (launch.compile)."""
+    mesh = attention.compile_target(x).mesh
+    if mesh is None or mesh.size == 1:
+        return x
+    axes = attention.batch_axes_dividing(mesh, x.shape[0])
+    spec = jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
 def _run_layer(layer: TransformerLayer, x, attention_mask, deterministic: bool):
