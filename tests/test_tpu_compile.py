@@ -149,6 +149,7 @@ def test_every_shipped_recipe_fits_its_hardware(tmp_path, config, topology, extr
     assert report["train_step"]["fits"] and report["eval_step"]["fits"]
 
 
+@pytest.mark.slow  # two compilations of a 4-layer BERT: ~2 minutes
 def test_fsdp_keeps_activations_split_over_the_batch(tmp_path):
     """FSDP splits the weights' hidden dimension; the hidden states stay split over the batch only
     (models.encoder.batch_sharded). Left to choose, XLA split them along their hidden dimension too

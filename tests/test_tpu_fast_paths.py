@@ -98,6 +98,7 @@ def test_micro_batches_keep_their_examples_and_each_device_its_rows():
     np.testing.assert_array_equal(one_device["idx"], split["idx"])
 
 
+@pytest.mark.slow  # two compilations of a 4-layer BERT: ~2 minutes
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the TPU compiler (libtpu) is not installed")
 def test_accumulation_shrinks_the_step_on_several_devices():
     """On a v4-8 (4 devices), two micro-batches of a 4 x 256 BERT's 512 x 128 batch take less HBM
