@@ -74,6 +74,9 @@ def base_config() -> ml_collections.ConfigDict:
     # keeps its loop. Parameters, checkpoints and optimizer state then have a leading layers axis:
     # a run resumes with the setting it started with (Hugging Face exports are the same either way).
     c.model.scan_layers = False
+    # The attention kernel: "auto" (the Pallas splash kernel on a TPU without attention dropout,
+    # XLA's plain attention otherwise), "plain" or "splash" (nli_jax.models.attention).
+    c.model.attention = "auto"
     c.model.vocab_multiple = 1  # a from-scratch model's vocabulary rounded up to a multiple of this
     # "bfloat16": the train step computes with a bfloat16 copy of the parameters (float32 master weights)
     c.model.step_param_dtype = "float32"

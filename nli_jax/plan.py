@@ -172,6 +172,9 @@ class ModelPlan:
     dtype: str = _choice("float32", "bfloat16", "float16")
     remat: str = _choice(*REMAT_POLICIES)  # True / False of older configs: LEGACY_VALUES
     scan_layers: bool = _bool()
+    # The attention kernel (nli_jax.models.attention): "auto" (splash on a TPU target without
+    # attention dropout, plain otherwise), "plain" or "splash".
+    attention: str = _choice("auto", "plain", "splash")
     # A from-scratch model's vocabulary rounded up to a multiple of this (128: the TPU's lane width,
     # so the embedding and decoder matmuls tile exactly); the tokenizer's ids are unchanged.
     vocab_multiple: int = _int(1)
@@ -188,7 +191,9 @@ class ModelPlan:
 
     @property
     def overrides_dict(self) -> dict[str, Any]:
-        return dict(self.overrides)
+        """EncoderConfig fields the run sets over the checkpoint's or preset's: config.model.overrides
+        (those set) and model.attention."""
+        return {**dict(self.overrides), "attention": self.attention}
 
 
 # Checks of config.model.overrides.<name> (the keys the config files define).
