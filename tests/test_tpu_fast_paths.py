@@ -112,3 +112,15 @@ def test_accumulation_shrinks_the_step_on_several_devices():
                             f"train.accumulation_steps={accumulation}", "data.max_seq_length=128")
         temporaries[accumulation] = aot.compile_run(config, "v4-8", eval_step=False)["train_step"]["temporaries_gib"]
     assert temporaries[2] < 0.75 * temporaries[1], temporaries
+
+
+def test_the_attention_kernel_is_chosen_in_config():
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import encoder_config_for
+    for choice in ("auto", "plain", "splash"):
+        plan = build_plan(config_for("indonli_large:cpu_test", f"model.attention={choice}"))
+        shape, _ = encoder_config_for(plan.model, load_tokenizer(plan.model.tokenizer))
+        assert shape.attention == choice
+    with pytest.raises(Exception, match="model.attention"):
+        build_plan(config_for("indonli_large:cpu_test", "model.attention=flash"))
