@@ -84,8 +84,6 @@ def topology(name: str) -> Topology:
 
 # --- what the compiler says --------------------------------------------------------------------
 
-_EXHAUSTED = re.compile(r"(?:Ran out of memory|RESOURCE_EXHAUSTED).*?(?:Used|HLO temporaries \()?\s*([\d.]+)([KMGT])"
-                        r"?.*?(?:of|exceeds available HBM \(|exceeds)\s*([\d.]+)([KMGT])", re.S)
 _UNITS = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, None: 1, "": 1}
 
 
