@@ -141,3 +141,19 @@ def test_train_modules_say_what_they_own_and_keep_functions_short(path):
         assert ast.get_docstring(tree), f"{path.name} has no module docstring"
     long = [(f.name, f.end_lineno - f.lineno + 1) for f in _functions(tree) if f.end_lineno - f.lineno + 1 > 80]
     assert not long, f"functions over 80 lines in {path.name}: {long}"
+
+
+def test_every_config_override_the_docs_suggest_names_a_key():
+    """--config.KEY=... in README.md and docs/ (docs/errors.md shows mistyped keys on purpose)
+    names a key of the fine-tuning or pretraining configs: a user who copies one is not refused."""
+    import re
+    from configs import finetune_common
+    from configs.pretrain.common import pretrain_config
+    from nli_jax.train.planner import has_key
+    configs = [finetune_common.base_config(), pretrain_config("indobert-base", None)]
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    suggested = {(page.name, m.group(1)) for page in pages if page.name != "errors.md"
+                 for m in re.finditer(r"--config\.([A-Za-z_][\w.]*)=", page.read_text(encoding="utf-8"))}
+    assert len(suggested) > 30
+    unknown = sorted((page, key) for page, key in suggested if not any(has_key(c, key) is True for c in configs))
+    assert not unknown, unknown
