@@ -45,8 +45,8 @@ def rows(only: str) -> list[tuple[str, str, str, list[str]]]:
     return out
 
 
-def paper_hours(config: str) -> float | None:
-    """Table 4's hours for a pretraining phase (configs/pretrain/common.py PHASES)."""
+def paper_hours(config: str) -> tuple[float | None, int] | None:
+    """(Table 4's hours, steps) of a pretraining phase (configs/pretrain/common.py PHASES), or None."""
     if "configs/pretrain/" not in config:
         return None
     from configs.pretrain.common import PHASES

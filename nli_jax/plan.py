@@ -195,6 +195,12 @@ class ModelPlan:
         (those set) and model.attention."""
         return {**dict(self.overrides), "attention": self.attention}
 
+    @property
+    def encoder_fields(self) -> dict[str, Any]:
+        """Every EncoderConfig field the run sets over the checkpoint's or preset's: how it computes
+        (dtype, remat, scan_layers) and the overrides."""
+        return {"dtype": self.dtype, "remat": self.remat, "scan_layers": self.scan_layers, **self.overrides_dict}
+
 
 # Checks of config.model.overrides.<name> (the keys the config files define).
 OVERRIDE_CHECKS = {

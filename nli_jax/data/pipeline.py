@@ -374,10 +374,13 @@ def shard_major(batch: dict, micro_batches: int, shards: int) -> dict:
     micro-batch by micro-batch, a device would hold rows of one micro-batch only, and the
     compiler moves rows between devices at every micro-step instead of shrinking the step's
     memory (launch.compile on a v3-8)."""
-    def relaid(x):
-        x = np.asarray(x)
-        return x.reshape(micro_batches, shards, -1, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
-    return {k: relaid(v) for k, v in batch.items()}
+    return {k: swap_blocks(np.asarray(v), micro_batches, shards) for k, v in batch.items()}
+
+
+def swap_blocks(x, outer: int, inner: int):
+    """x (numpy or jax) with its leading axis read as [outer, inner, n] blocks, reordered
+    [inner, outer, n]; same shape. swap_blocks(swap_blocks(x, a, b), b, a) is x."""
+    return x.reshape(outer, inner, -1, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
 
 
 class _ShardMajor:

@@ -62,18 +62,18 @@ class Topology:
 # Public datasheets (../shared/reference/papers.md): v2 8 GiB per core, 45 TFLOP/s per 2-core
 # chip; v3 16 GiB per core, 123 per chip; v4 32 GiB, 275; v5e 16 GiB, 197; v5p 95 GiB, 459;
 # v6e 32 GiB, 918 (bf16, per chip).
-TOPOLOGIES = {
-    "v2-8": Topology("v2-8", "v2:2x2", "default", (2, 2, 1), 8, 22.5),
-    "v3-8": Topology("v3-8", "v3:2x2", "default", (2, 2, 1), 16, 61.5),
-    "v4-8": Topology("v4-8", "v4:2x2x1", "megacore", (2, 2, 1), 32, 275),
-    "v4-16": Topology("v4-16", "v4:2x2x2", "megacore", (2, 2, 1), 32, 275),
-    "v4-32": Topology("v4-32", "v4:2x2x4", "megacore", (2, 2, 1), 32, 275),
-    "v5e-4": Topology("v5e-4", "v5e:2x2", "default", (2, 2, 1), 16, 197),
-    "v5e-8": Topology("v5e-8", "v5e:2x4", "default", (2, 4, 1), 16, 197),
-    "v5e-256": Topology("v5e-256", "v5e:16x16", "default", (2, 2, 1), 16, 197),
-    "v5p-8": Topology("v5p-8", "v5p:2x2x1", "megacore", (2, 2, 1), 95, 459),
-    "v6e-8": Topology("v6e-8", "v6e:2x4", "default", (2, 4, 1), 32, 918),
-}
+TOPOLOGIES = {t.accelerator: t for t in (
+    Topology("v2-8", "v2:2x2", "default", (2, 2, 1), 8, 22.5),
+    Topology("v3-8", "v3:2x2", "default", (2, 2, 1), 16, 61.5),
+    Topology("v4-8", "v4:2x2x1", "megacore", (2, 2, 1), 32, 275),
+    Topology("v4-16", "v4:2x2x2", "megacore", (2, 2, 1), 32, 275),
+    Topology("v4-32", "v4:2x2x4", "megacore", (2, 2, 1), 32, 275),
+    Topology("v5e-4", "v5e:2x2", "default", (2, 2, 1), 16, 197),
+    Topology("v5e-8", "v5e:2x4", "default", (2, 4, 1), 16, 197),
+    Topology("v5e-256", "v5e:16x16", "default", (2, 2, 1), 16, 197),
+    Topology("v5p-8", "v5p:2x2x1", "megacore", (2, 2, 1), 95, 459),
+    Topology("v6e-8", "v6e:2x4", "default", (2, 4, 1), 32, 918),
+)}
 
 
 def topology(name: str) -> Topology:
@@ -180,18 +180,17 @@ def model_shape(plan):
     from nli_jax.models import preset
     from nli_jax.models.config import EncoderConfig
     from nli_jax.models.presets import PUBLISHED_SHAPES
+    from nli_jax.train.setup import preset_config
     model = plan.model
-    common = dict(dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers, **model.overrides_dict)
     if model.init:
         if storage.isdir(model.init):
-            return EncoderConfig.from_hf_dict(read_config(model.init), **common)
+            return EncoderConfig.from_hf_dict(read_config(model.init), **model.encoder_fields)
         if model.init in PUBLISHED_SHAPES:
-            return EncoderConfig.from_hf_dict(PUBLISHED_SHAPES[model.init], **common)
+            return EncoderConfig.from_hf_dict(PUBLISHED_SHAPES[model.init], **model.encoder_fields)
         raise RunError(f"--config.model.init={model.init!r}: not a local directory and not a hub id whose shape "
                        f"nli-jax knows ({', '.join(sorted(PUBLISHED_SHAPES))}); give a directory with its config.json")
-    from nli_jax.train.setup import padded_vocabulary
-    shape = preset(model.preset, **common)
-    return shape.replace(vocab_size=padded_vocabulary(shape.vocab_size, model.vocab_multiple))
+    own = model.overrides_dict.get("vocab_size") or preset(model.preset).vocab_size
+    return preset_config(model, own)
 
 
 def _shape_tokenizer():

@@ -187,7 +187,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
         recorder.start(step)
     run_state = {"total_steps": steps.total_steps}
     workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"], **run_state)
-    reporter = Reporter(run.workdir, steps.total_steps, step, flops_per_token=_flops_per_token(run, state["params"]),
+    reporter = Reporter(run.workdir, steps.total_steps, step,
+                        flops_per_token=training_flops_per_token(run.model, plan.data.max_seq_length),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
@@ -387,11 +388,6 @@ def _resume(ckpt: Checkpointer, state, train_iter):
     bookkeeping.pop("optimizer_state", None)  # the checkpoint's own record of that
     log.info("resumed from %s at step %d", ckpt.directory, latest)
     return state, bookkeeping
-
-
-def _flops_per_token(run: RunSetup, params) -> float:
-    """Training FLOPs per token of the run's model at its sequence length (the model's count)."""
-    return training_flops_per_token(run.model, run.plan.data.max_seq_length)
 
 
 def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> None:

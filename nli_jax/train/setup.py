@@ -39,16 +39,15 @@ def encoder_config_for(model: ModelPlan, tokenizer, init: str | None = None) -> 
     init = init or model.init
     if init:
         directory = resolve_directory(init)
-        return EncoderConfig.from_hf_dict(read_config(directory), dtype=model.dtype, remat=model.remat,
-                                          scan_layers=model.scan_layers, **model.overrides_dict), directory
-    return preset(model.preset, vocab_size=padded_vocabulary(len(tokenizer), model.vocab_multiple), dtype=model.dtype,
-                  remat=model.remat, scan_layers=model.scan_layers, pad_token_id=tokenizer.pad_token_id,
-                  **model.overrides_dict), None
+        return EncoderConfig.from_hf_dict(read_config(directory), **model.encoder_fields), directory
+    return preset_config(model, len(tokenizer), pad_token_id=tokenizer.pad_token_id), None
 
 
-def padded_vocabulary(size: int, multiple: int) -> int:
-    """`size` rounded up to a multiple of `multiple` (model.vocab_multiple)."""
-    return -(-size // multiple) * multiple
+def preset_config(model: ModelPlan, vocab_size: int, **fields) -> EncoderConfig:
+    """The preset's shape with a vocabulary of `vocab_size` rounded up to model.vocab_multiple and
+    the run's encoder fields."""
+    padded = -(-vocab_size // model.vocab_multiple) * model.vocab_multiple
+    return preset(model.preset, **{**model.encoder_fields, **fields, "vocab_size": padded})
 
 
 def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None):

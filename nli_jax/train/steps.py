@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from nli_jax.data.pipeline import swap_blocks
 from nli_jax.tasks.base import PER_EXAMPLE
 
 
@@ -35,7 +36,7 @@ def micro_batches(batch: dict, accumulation_steps: int, data_parallel: int) -> d
     """[accumulation_steps, micro-batch, ...] of every field of a batch laid out shard by shard
     over `data_parallel` devices (pipeline.shard_major): micro-batch m is [:, m] of
     [data_parallel, accumulation_steps, n], each device's rows staying on it."""
-    return jax.tree.map(lambda x: x.reshape(data_parallel, accumulation_steps, -1, *x.shape[1:]).swapaxes(0, 1)
+    return jax.tree.map(lambda x: swap_blocks(x, data_parallel, accumulation_steps)
                         .reshape(accumulation_steps, -1, *x.shape[1:]), batch)
 
 
@@ -104,8 +105,8 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
                 params, {**jax.tree.map(lambda x: x[0], micro), **extra}, step_key)[:2]))
             (grads, sums), outcomes = jax.lax.scan(body, zeros, (jnp.arange(accumulation_steps), micro))
             # Back in the batch's own order (shard by shard), as its idx and weight are.
-            outcomes = jax.tree.map(lambda x: x.reshape(accumulation_steps, data_parallel, -1, *x.shape[2:])
-                                    .swapaxes(0, 1).reshape(-1, *x.shape[2:]), outcomes)
+            outcomes = jax.tree.map(lambda x: swap_blocks(x.reshape(-1, *x.shape[2:]), accumulation_steps,
+                                                          data_parallel), outcomes)
         # Mean over the weighted examples of the whole global batch.
         grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
