@@ -19,7 +19,7 @@ before flags are parsed and by the benchmarks):
                        threads, one arena) is slower. The setting of earlier versions.
   system               glibc's defaults.
 Measured by benchmarks/finetune_vs_transformers.py (peak RSS per run) and benchmarks/mlm_train_step.py;
-figures with their CPU in README.md's Performance section. On accelerators none of this applies
+figures with their CPU in docs/performance.md. On accelerators none of this applies
 (XLA's temporaries live in device memory).
 """
 from __future__ import annotations
