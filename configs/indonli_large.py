@@ -13,9 +13,8 @@ def get_config(arg=None):
     return indonli_config(arg, init="indobenchmark/indobert-large-p2")
 
 
-def indonli_config(arg, init):
-    c = finetune_common.base_config()
-    c.task = "indonli"
+def indonli_config(arg, init, task="indonli", **task_options):
+    c = finetune_common.base_config(task, **task_options)
     c.eval_splits = ("validation", "test_lay", "test_expert", "diagnostic")
     c.model.init = init  # hub id, or a local directory with config.json, weights and vocab
     c.optimizer.name = "adam"
@@ -26,7 +25,7 @@ def indonli_config(arg, init):
     c.data.max_seq_length = 512  # IndoNLI premises reach 200+ words
     options = finetune_common.parse_arg(arg)
     if options.pop("hypothesis_only", False):
-        c.data.hypothesis_only = True
+        c.task_options.hypothesis_only = True
     if options.pop("cpu_test", False):
         finetune_common.apply_nli_cpu_test(c)
     if options:

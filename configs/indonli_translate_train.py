@@ -2,7 +2,7 @@
 to Indonesian, evaluate on IndoNLI; `mix` also adds IndoNLI train.
 
     python -m finetune.main --config=configs/indonli_translate_train.py \\
-        --config.data.translate_train_source=/data/translate_train_small --workdir=runs/tt
+        --config.task_options.translate_train_source=/data/translate_train_small --workdir=runs/tt
 """
 from configs import finetune_common, indonli_large
 
@@ -10,8 +10,6 @@ from configs import finetune_common, indonli_large
 def get_config(arg=None):
     options = finetune_common.parse_arg(arg)
     mix = bool(options.pop("mix", False))
-    c = indonli_large.indonli_config(",".join(k for k, v in options.items() if v is True) or None,
-                                     init="FacebookAI/xlm-roberta-large")
-    c.task = "indonli_translate_train"
-    c.data.mix_indonli_train = mix
-    return c
+    return indonli_large.indonli_config(",".join(k for k, v in options.items() if v is True) or None,
+                                        init="FacebookAI/xlm-roberta-large", task="indonli_translate_train",
+                                        mix_indonli_train=mix)

@@ -38,11 +38,11 @@ def get_config(arg=None):
         raise ValueError(f"unknown IndoNLU task {task!r}; expected one of {TASKS}")
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
-    c = finetune_common.base_config()
-    c.task = task
+    c = finetune_common.base_config(task)
     c.eval_splits = ("validation", "test")
     c.data.max_seq_length = 512
-    c.data.word_alignment = "average"  # the IndoNLU framework's; "first" is the other common choice
+    if "word_alignment" in c.task_options:  # word-level tasks
+        c.task_options.word_alignment = "average"  # the IndoNLU framework's; "first" is the other common choice
     init, lr = MODELS[model]
     c.model.init = init
     if model == "scratch":

@@ -12,10 +12,8 @@ MODELS = {"beto": ("dccuchile/bert-base-spanish-wwm-cased", 2e-5), "mbert": ("go
 def get_config(arg=None):
     options = finetune_common.parse_arg(arg)
     model = options.pop("model", "beto")
-    c = finetune_common.base_config()
-    c.task = "inferes"
-    c.data.holdout_topic = str(options.pop("holdout_topic", ""))
-    c.data.hypothesis_only = bool(options.pop("hypothesis_only", False))
+    c = finetune_common.base_config("inferes", holdout_topic=str(options.pop("holdout_topic", "")),
+                                    hypothesis_only=bool(options.pop("hypothesis_only", False)))
     cpu_test = options.pop("cpu_test", False)
     if options:
         raise ValueError(f"unknown config option(s) {sorted(options)}")

@@ -11,10 +11,8 @@ MODELS = {"roberta-wwm-large": ("hfl/chinese-roberta-wwm-ext-large", 2e-5), "ber
 def get_config(arg=None):
     options = finetune_common.parse_arg(arg)
     model = options.pop("model", "roberta-wwm-large")
-    c = finetune_common.base_config()
-    c.task = "ocnli"
-    c.data.train_size = str(options.pop("train_size", "50k"))
-    c.data.hypothesis_only = bool(options.pop("hypothesis_only", False))
+    c = finetune_common.base_config("ocnli", train_size=str(options.pop("train_size", "50k")),
+                                    hypothesis_only=bool(options.pop("hypothesis_only", False)))
     cpu_test = options.pop("cpu_test", False)
     if options:
         raise ValueError(f"unknown config option(s) {sorted(options)}")

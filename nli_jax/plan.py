@@ -10,8 +10,10 @@ relations between fields are the planner's. Derived values that need no data are
 those that need the size of the training split in `StepPlan` (steps per epoch, total, warmup,
 evaluation / checkpoint / logging intervals).
 
-Defaults live in the config files only (configs/finetune_common.py): the dataclasses have
-none, and a config must give every field.
+Every field's default is declared here, next to its type and range; `default_config()` turns
+them into the ml_collections config that configs/finetune_common.py starts every recipe from.
+What one task or pretraining objective alone reads is not here but in that task's own options
+(`TaskOptions`, declared beside the task: `RunPlan.task_options`, `config.task_options`).
 
 Frozen dataclasses rather than pydantic (MaxText's choice for its large YAML): the fields are
 few and flat, most checks are relations between sections (which the planner states in one
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,28 +82,42 @@ class Check:
                 f"{')' if self.high_open else ']'})")
 
 
-def _field(kind: str, low=None, high=None, *, low_open=False, high_open=False, choices=()):
-    return dataclasses.field(metadata={"check": Check(kind, low, high, low_open, high_open, tuple(choices))})
+def _field(kind: str, low=None, high=None, *, low_open=False, high_open=False, choices=(), default=dataclasses.MISSING,
+           **metadata):
+    return dataclasses.field(default=default,
+                             metadata={"check": Check(kind, low, high, low_open, high_open, tuple(choices)), **metadata})
 
 
-def _int(low=None, high=None):
-    return _field("int", low, high)
+def _int(default, low=None, high=None):
+    return _field("int", low, high, default=default)
 
 
-def _float(low=None, high=None, *, low_open=False, high_open=False):
-    return _field("float", low, high, low_open=low_open, high_open=high_open)
+def _float(default, low=None, high=None, *, low_open=False, high_open=False):
+    return _field("float", low, high, low_open=low_open, high_open=high_open, default=default)
 
 
-def _choice(*choices):
-    return _field("choice", choices=choices)
+def _choice(default, *choices):
+    return _field("choice", choices=choices, default=default)
 
 
-def _bool():
-    return _field("bool")
+def _bool(default):
+    return _field("bool", default=default)
 
 
-def _str():
-    return _field("str")
+def _str(default=""):
+    return _field("str", default=default)
+
+
+def option(default, *, low=None, high=None, low_open=False, high_open=False, choices=(), path=False,
+           model_input=False):
+    """A field of a task's options (`TaskOptions`): its default and accepted values, the kind
+    taken from the default (or `choices`). `path`: names a file or directory (local or gs://,
+    checked before anything is read); `model_input`: changes what the model is given (a
+    checkpoint trained with one value is not evaluated with another)."""
+    kind = ("choice" if choices else "bool" if isinstance(default, bool) else "int" if isinstance(default, int)
+            else "float" if isinstance(default, float) else "str" if isinstance(default, str) else "any")
+    return _field(kind, low, high, low_open=low_open, high_open=high_open, choices=choices, default=default, path=path,
+                  model_input=model_input)
 
 
 def check_of(field: dataclasses.Field) -> Check:
@@ -139,50 +155,73 @@ LEGACY_VALUES = {"model.remat": remat_policy_name, "mesh.rules": mesh_rules_with
 
 # --- the config's sections ------------------------------------------------------------------
 
+# Logical axis names of parameters and activations -> mesh axes (nli_jax.train.mesh), MaxText-style.
+MESH_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("hidden", None),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("position", None),
+    ("token_type", None),
+    ("labels", None),
+    ("layers", None),  # the leading axis of scanned layers' parameters (model.scan_layers): never sharded
+)
+MESH_SHAPE = {"data": -1, "fsdp": 1, "tensor": 1}  # -1: the devices the other axes leave
+
+
 @dataclasses.dataclass(frozen=True)
 class DataPlan:
     """`config.data`: where the data is, how examples are encoded and batched."""
-    source: str = _str()  # local directory or gs:// with the official files; empty = download
-    tfds_dir: str = _str()  # where the array_record copies are written (~ expanded)
-    max_seq_length: int = _int(1)
-    buckets: tuple = _field("ints", 1)  # as configured; BatchPlan.buckets is what batches use
-    pad_to_max_length: bool = _bool()
-    packing: bool = _bool()
-    compile_cost_tokens: int = _int(0)  # packed step shapes: pipeline.plan_packed_shapes
-    hypothesis_only: bool = _bool()
-    word_alignment: str = _choice("average", "first")
-    train_size: str = _choice("", "50k", "30k", "10k", "3k")
-    holdout_topic: str = _str()
-    validation_fraction: float = _float(0.0, 1.0, low_open=True, high_open=True)
-    validation_seed: int = _int(0)
-    translate_train_source: str = _str()
-    mix_indonli_train: bool = _bool()
-    max_train_examples: int = _int(0)
-    train_subset: str = _str()  # a file of training example ids (cartography subsets)
-    allow_one_label: bool = _bool()  # train on a split whose examples all carry one label
-    workers: int = _int(0)
+    source: str = _str()  # local directory or gs:// with the official files; empty = download them
+    tfds_dir: str = _str("~/tensorflow_datasets/nli_jax")  # where the array_record copies are written (~ expanded)
+    max_seq_length: int = _int(128, 1)
+    buckets: tuple = _field("ints", 1, default=(32, 64, 128, 256, 512))  # pad each batch to the smallest that fits
+    pad_to_max_length: bool = _bool(False)  # True on TPU: one compiled shape
+    # Training batches of sequence-level tasks put several examples in one row, each attending
+    # to itself only (no padding computed): same loss, a third fewer tokens on IndoNLI at 128.
+    packing: bool = _bool(True)
+    # Packed training steps take few shapes: a shape is compiled only when it saves more tokens
+    # (rows x length, over the run) than this (pipeline.plan_packed_shapes). 8192: about what
+    # one compilation of a 12-layer, 384-wide encoder's train step costs on a 2-core CPU, in
+    # tokens of its training (7-10 s at 1.2 ms a token). 0: each batch its own shape.
+    compile_cost_tokens: int = _int(8192, 0)
+    max_train_examples: int = _int(0, 0)  # > 0: train on the first N examples ("train" in eval_splits evaluates them)
+    # A file naming training examples by id (one per line, or JSON lines with "id": the subsets
+    # `python -m nli_jax.analysis cartography` writes): train on those only.
+    train_subset: str = _str()
+    allow_one_label: bool = _bool(False)  # a training split whose examples all carry one label is refused unless True
+    workers: int = _int(0, 0)  # grain worker processes
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelPlan:
     """`config.model`: a checkpoint to start from, or a preset shape built from scratch."""
-    init: str = _str()
-    preset: str = _str()
-    tokenizer: str = _str()
-    dtype: str = _choice("float32", "bfloat16", "float16")
-    remat: str = _choice(*REMAT_POLICIES)  # True / False of older configs: LEGACY_VALUES
-    scan_layers: bool = _bool()
+    init: str = _str()  # Hugging Face directory or hub id; empty = from scratch with `preset`
+    preset: str = _str("indobert-base")
+    tokenizer: str = _str()  # default: the init directory
+    dtype: str = _choice("float32", "float32", "bfloat16", "float16")
+    # What each layer keeps for its backward pass (REMAT_POLICIES); older configs' True / False
+    # (= "full" / "none") still assign and resume: LEGACY_VALUES.
+    remat: str = _choice("none", *REMAT_POLICIES)
+    # One scanned layer over stacked parameters (compiles in seconds at 24 layers on TPU); ALBERT
+    # keeps its loop. Parameters, checkpoints and optimizer state then have a leading layers axis:
+    # a run resumes with the setting it started with (Hugging Face exports are the same either way).
+    scan_layers: bool = _bool(False)
     # The attention kernel (nli_jax.models.attention): "auto" (splash on a TPU target without
     # attention dropout, plain otherwise), "plain" or "splash".
-    attention: str = _choice("auto", "plain", "splash")
+    attention: str = _choice("auto", "auto", "plain", "splash")
     # A from-scratch model's vocabulary rounded up to a multiple of this (128: the TPU's lane width,
     # so the embedding and decoder matmuls tile exactly); the tokenizer's ids are unchanged.
-    vocab_multiple: int = _int(1)
+    vocab_multiple: int = _int(1, 1)
     # The dtype of the parameters' copy the train step computes with (gradients included): bfloat16
     # halves the gradients' memory and their collectives; the optimizer keeps float32 master weights.
-    step_param_dtype: str = _choice("float32", "bfloat16")
-    # EncoderConfig fields to override, those set only (config.model.overrides without Nones).
-    overrides: tuple = _field("any")
+    step_param_dtype: str = _choice("float32", "float32", "bfloat16")
+    # EncoderConfig fields to override, those set only (config.model.overrides without Nones; the
+    # config's keys: OVERRIDE_CHECKS).
+    overrides: tuple = _field("any", default=())
 
     @property
     def tokenizer_path(self) -> str:
@@ -213,46 +252,50 @@ OVERRIDE_CHECKS = {
 @dataclasses.dataclass(frozen=True)
 class OptimizerPlan:
     """`config.optimizer`: the optimizer and its learning-rate schedule (warmup: StepPlan)."""
-    name: str = _choice("adam", "adamw", "lamb")
-    lr: float = _float(0.0, 1.0, low_open=True)
-    schedule: str = _choice("constant", "linear", "polynomial", "exponential_per_epoch")
-    warmup_steps: int = _int(0)
-    warmup_ratio: float = _float(0.0, 1.0, high_open=True)
-    decay_rate: float = _float(0.0, 1.0, low_open=True)
-    end_lr: float = _float(0.0)
-    power: float = _float(0.0, low_open=True)
-    b1: float = _float(0.0, 1.0, high_open=True)
-    b2: float = _float(0.0, 1.0, high_open=True)
-    eps: float = _float(0.0, low_open=True)
-    weight_decay: float = _float(0.0)
-    grad_clip: float = _float(0.0)
+    name: str = _choice("adam", "adam", "adamw", "lamb")
+    lr: float = _float(1e-5, 0.0, 1.0, low_open=True)
+    schedule: str = _choice("constant", "constant", "linear", "polynomial", "exponential_per_epoch")
+    warmup_steps: int = _int(0, 0)
+    warmup_ratio: float = _float(0.0, 0.0, 1.0, high_open=True)
+    decay_rate: float = _float(0.9, 0.0, 1.0, low_open=True)  # exponential_per_epoch: lr x decay_rate ** epoch
+    end_lr: float = _float(0.0, 0.0)  # polynomial: the rate it decays to
+    power: float = _float(1.0, 0.0, low_open=True)  # polynomial: the decay's power
+    b1: float = _float(0.9, 0.0, 1.0, high_open=True)
+    b2: float = _float(0.999, 0.0, 1.0, high_open=True)
+    eps: float = _float(1e-8, 0.0, low_open=True)
+    weight_decay: float = _float(0.0, 0.0)
+    grad_clip: float = _float(1.0, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainPlan:
     """`config.train`: the run's length, batch, seed and intervals as configured."""
-    seed: int = _int(0, 2**32 - 1)  # an input of the compiled train step (uint32)
-    batch_size: int = _int(1)
-    eval_batch_size: int = _int(1)
-    accumulation_steps: int = _int(1)
-    num_epochs: int = _int(1)
-    max_steps: int = _int(0)
-    log_every_steps: int = _int(1)
-    eval_every_steps: int = _int(0)
-    checkpoint_every_steps: int = _int(0)
-    keep_checkpoints: int = _int(1)
-    async_checkpointing: bool = _bool()
-    early_stopping_patience: int = _int(0)
-    peak_tflops_per_device: float = _float(0.0)
-    record_dynamics: bool = _bool()  # training dynamics per example (nli_jax.train.dynamics)
-    dynamics_every_steps: int = _int(0)  # > 0: an evaluation of the training split every N steps
-    calibration: bool = _bool()  # calibration metrics and temperature scaling (nli_jax.train.calibrate)
+    seed: int = _int(42, 0, 2**32 - 1)  # an input of the compiled train step (uint32)
+    batch_size: int = _int(16, 1)
+    eval_batch_size: int = _int(64, 1)  # global, like batch_size: each process evaluates its share
+    accumulation_steps: int = _int(1, 1)
+    num_epochs: int = _int(10, 1)
+    max_steps: int = _int(0, 0)  # > 0 caps the run
+    log_every_steps: int = _int(50, 1)
+    eval_every_steps: int = _int(0, 0)  # 0 = once per epoch
+    checkpoint_every_steps: int = _int(0, 0)  # 0 = at every evaluation
+    keep_checkpoints: int = _int(2, 1)
+    async_checkpointing: bool = _bool(True)
+    early_stopping_patience: int = _int(3, 0)  # evaluations without improvement; 0 = off
+    peak_tflops_per_device: float = _float(0.0, 0.0)  # e.g. 123 for TPU v3 bf16: enables MFU in the log
+    # Training dynamics (dataset cartography, nli_jax.train.dynamics): every training example's
+    # gold-label probability and correctness each epoch, from the training step itself, in <workdir>/dynamics/.
+    record_dynamics: bool = _bool(False)
+    dynamics_every_steps: int = _int(0, 0)  # > 0: instead, the whole training split every N steps (one-epoch runs)
+    # Calibration (nli_jax.train.calibrate): ECE, MCE, Brier and NLL per split, a temperature fitted
+    # on validation (NLL), reliability diagrams; calibrated probabilities next to the raw ones.
+    calibration: bool = _bool(True)
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
     """`config.mesh`, resolved: the size of every axis (data, fsdp, tensor) on these devices
-    and the rules that map logical axis names to them."""
+    and the rules that map logical axis names to them (configured as MESH_SHAPE and MESH_RULES)."""
     shape: tuple  # ((axis, size), ...) in MESH_AXES order, -1 resolved
     rules: tuple  # ((logical name, mesh axis | (axes) | None), ...)
     data_parallel: int  # devices a batch is split over (the axes the "batch" rule names)
@@ -264,27 +307,113 @@ class MeshPlan:
 
 @dataclasses.dataclass(frozen=True)
 class PretrainPlan:
-    """`config.pretrain`: the corpus, its examples and the masking of MLM pretraining."""
-    phase: int = _choice(1, 2)
-    corpus: tuple = _field("strs")
-    examples_dir: str = _str()
-    sentence_task: str = _choice("nsp", "sop", "none")
-    whole_word: bool = _bool()
-    max_ngram: int = _int(1)
-    mask_prob: float = _float(0.0, 1.0, low_open=True, high_open=True)
-    max_predictions: int = _int(1)
-    short_seq_prob: float = _float(0.0, 1.0)
-    dupe_factor: int = _int(1)
-    data_seed: int = _int(0)
-    workers: int = _int(1)
-    heldout_examples: int = _int(1)
-    heldout_permille: int = _int(1, 999)
-    random_token_low: int = _int(0)
-    continued: bool = _bool()
-    # ELECTRA (task "electra"): the generator's width as a fraction of the discriminator's (at
-    # most the discriminator's own), and the weight of the discriminator's loss (the paper's 50).
-    generator_fraction: float = _float(0.0, 1.0, low_open=True)
-    discriminator_weight: float = _float(0.0, low_open=True)
+    """`config.pretrain`: the corpus and the segment-pair examples every pretraining objective
+    reads (nli_jax.pretraining.examples); how they are masked is the objective's own option
+    (nli_jax.tasks.pretraining.MaskedLMOptions). Defaults: the BERT recipe's phase 1."""
+    phase: int = _choice(1, 1, 2)
+    corpus: tuple = _field("strs", default=("",))  # prepared corpus files (globs); examples built into <workdir>/examples
+    examples_dir: str = _str()  # or prebuilt examples (pretrain.create_examples)
+    sentence_task: str = _choice("nsp", "nsp", "sop", "none")  # how the pairs' second segment is chosen
+    short_seq_prob: float = _float(0.1, 0.0, 1.0)
+    dupe_factor: int = _int(1, 1)
+    data_seed: int = _int(12345, 0)
+    workers: int = _int(2, 1)
+    heldout_examples: int = _int(2000, 1)
+    heldout_permille: int = _int(10, 1, 999)  # documents held out for evaluation (by hash), per thousand
+    continued: bool = _bool(False)  # model.init is required: continued pretraining of a checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """The options one task (or pretraining objective) alone reads, declared beside it as a
+    subclass with a default and accepted values per field (`option(...)`), registered with it
+    (`register("name", options=...)`). The planner builds `RunPlan.task_options` from
+    `config.task_options`: a key the config lacks takes the default here, one the task does not
+    declare is refused. `problems()`: relations between the options (refusals, with the flags)."""
+
+    def problems(self) -> list[str]:
+        return []
+
+    @classmethod
+    def path_fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("path")]
+
+    @classmethod
+    def model_input_fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("model_input")]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions(TaskOptions):
+    """A task without options of its own."""
+
+
+# Keys an older nli-jax's config.json (and command lines) had in a shared section that are a
+# task's options now, under the same name: config.task_options.<name> when the run's task
+# declares it, else dropped (no task read it).
+MOVED_TO_TASK_OPTIONS = ("data.hypothesis_only", "data.word_alignment", "data.train_size", "data.holdout_topic",
+                         "data.validation_fraction", "data.validation_seed", "data.translate_train_source",
+                         "data.mix_indonli_train", "pretrain.whole_word", "pretrain.max_ngram", "pretrain.mask_prob",
+                         "pretrain.max_predictions", "pretrain.random_token_low", "pretrain.generator_fraction",
+                         "pretrain.discriminator_weight")
+
+
+def moved_key(key: str) -> str | None:
+    """Where an older config key lives now (task_options.<name>), or None."""
+    return f"task_options.{key.split('.', 1)[1]}" if key in MOVED_TO_TASK_OPTIONS else None
+
+
+def upgrade_config_json(config_json: dict, options: type[TaskOptions]) -> dict:
+    """An older config.json as today's: its moved keys under task_options (those the task's
+    `options` declares; the others no task read). Today's config.json comes back unchanged."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config_json.items()}
+    names = {f.name for f in dataclasses.fields(options)}
+    moved = {}
+    for key in MOVED_TO_TASK_OPTIONS:
+        section, name = key.split(".", 1)
+        if isinstance(out.get(section), dict) and name in out[section]:
+            value = out[section].pop(name)
+            if name in names:
+                moved[name] = value
+    if moved:
+        out["task_options"] = {**moved, **dict(out.get("task_options") or {})}
+    return out
+
+
+def section_defaults(cls) -> dict[str, Any]:
+    """{field: default} of a plan section or options class."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def default_config(task: str = "indonli", options: dict | None = None, *, pretrain: bool = False):
+    """Every key a run's config has, with its default, as an ml_collections ConfigDict: the
+    sections above, `task_options` from the task's options class (with `options` set over its
+    defaults), and `pretrain` when asked for. configs/finetune_common.py starts every recipe
+    from this."""
+    import ml_collections
+    from nli_jax.tasks import options_config
+    c = ml_collections.ConfigDict()
+    c.task = task
+    c.eval_splits = ("validation",)
+    c.seeds = ()  # e.g. (1, 2, 3): one run per seed in <workdir>/seed_N, mean ± std in results.json
+    # The best parameters as a Hugging Face directory (<workdir>/export_best, label names in
+    # id2label); also later with `python -m finetune.export`.
+    c.export_best = False
+    c.export_final = False  # the final parameters as a Hugging Face directory (<workdir>/export): pretraining
+    c.task_options = options_config(task, **(options or {}))
+    for name, cls in (("data", DataPlan), ("model", ModelPlan), ("optimizer", OptimizerPlan), ("train", TrainPlan)):
+        c[name] = ml_collections.ConfigDict(section_defaults(cls))
+    model = section_defaults(ModelPlan)
+    # Any type: older configs' True / False (= "full" / "none") still assign and resume.
+    model["remat"] = ml_collections.FieldReference(model["remat"], field_type=object)
+    # EncoderConfig fields to override (None = the checkpoint's / preset's value).
+    model["overrides"] = ml_collections.ConfigDict(
+        {name: ml_collections.config_dict.placeholder(float) for name in OVERRIDE_CHECKS})
+    c.model = ml_collections.ConfigDict(model)
+    c.mesh = ml_collections.ConfigDict({"shape": dict(MESH_SHAPE), "rules": MESH_RULES})
+    if pretrain:
+        c.pretrain = ml_collections.ConfigDict(section_defaults(PretrainPlan))
+    return c
 
 
 # --- derived --------------------------------------------------------------------------------
@@ -334,11 +463,12 @@ class RunPlan:
     """Everything a run is, before any file is read: its task, splits, seeds, sections and the
     batch plan. `config_json` is the config as config.json records it (keys as the command line
     names them), the one place the original survives: a workdir's identity."""
-    task: str = _str()
+    task: str = _field("str")
     eval_splits: tuple = _field("strs")
     seeds: tuple = _field("ints")
-    export_best: bool = _bool()
-    export_final: bool = _bool()
+    export_best: bool = _field("bool")
+    export_final: bool = _field("bool")
+    task_options: TaskOptions = _field("section")  # the task's own (its options class, registered with it)
     data: DataPlan = _field("section")
     model: ModelPlan = _field("section")
     optimizer: OptimizerPlan = _field("section")

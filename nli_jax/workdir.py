@@ -73,19 +73,20 @@ def flatten(config_json: dict) -> dict:
     return flat
 
 
-def _defaults() -> dict:
-    """Every key's default, from the config files: the keys all configs share, and the
-    pretraining configs' own (as the BERT recipe gives them)."""
-    from configs import finetune_common
-    from configs.pretrain import common
-    return {**flatten(common.pretrain_config("indobert-base", None).to_dict()),
-            **flatten(finetune_common.base_config().to_dict())}
+def _defaults(task: str) -> dict:
+    """Every key's default (nli_jax.plan: the sections', the pretraining section's and the task's
+    options')."""
+    from nli_jax.plan import default_config
+    return flatten(default_config(task, pretrain=True).to_dict())
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
     """'key: saved -> current' for every key that differs, except the resumable ones and keys
-    the saved config lacks that the current one gives its default."""
-    from nli_jax.plan import LEGACY_VALUES
+    the saved config lacks that the current one gives its default. An older nli-jax's keys are
+    read where they are now (nli_jax.plan.upgrade_config_json)."""
+    from nli_jax.plan import LEGACY_VALUES, upgrade_config_json
+    from nli_jax.tasks import options_class
+    saved = upgrade_config_json(saved, options_class(str(saved.get("task", ""))))
     # An older nli-jax's value for a key is the same run as today's spelling of it (remat: false = "none").
     ours, theirs = ({key: LEGACY_VALUES.get(key, lambda v: v)(value) for key, value in flatten(c).items()}
                     for c in (current, saved))
@@ -95,7 +96,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         if key.startswith(RESUMABLE_CHANGES) or ours.get(key) == theirs.get(key):
             continue
         if key not in theirs:
-            defaults = _defaults() if defaults is None else defaults
+            defaults = _defaults(str(current.get("task", ""))) if defaults is None else defaults
             if key in defaults and defaults[key] == ours[key]:
                 continue  # added after that run: the default is what it ran with
         out.append(f"{key}: {theirs.get(key)!r} -> {ours.get(key)!r}")

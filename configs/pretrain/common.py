@@ -16,6 +16,7 @@ Steps: a tenth of the phase's, warmup 6% of them (set train.max_steps for your c
 import ml_collections
 
 from configs import finetune_common
+from nli_jax.plan import PretrainPlan, section_defaults
 
 PHASES = {
     # model: {phase: (batch, lr, steps, hours on a TPUv3-8)}
@@ -61,8 +62,11 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     electra = TASKS.get(model) == "electra"
     batch, lr, steps, _ = PHASES[model][phase]
 
-    c = finetune_common.base_config()
-    c.task = TASKS.get(model, "pretraining")
+    task = TASKS.get(model, "pretraining")
+    masking = {"whole_word": albert, "max_ngram": 3 if albert else 1, "max_predictions": MAX_PREDICTIONS[phase]}
+    if electra:  # the generator a quarter (small) or a third (base) of the discriminator's width (the paper's)
+        masking["generator_fraction"] = 1 / 3 if model == "electra-base" else 0.25
+    c = finetune_common.base_config(task, **masking)
     c.eval_splits = ("heldout",)
     c.export_final = True
     c.data.max_seq_length = MAX_SEQ_LENGTH[phase]
@@ -71,31 +75,12 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     c.model.init = ""  # phase 2: the phase-1 run's <workdir>/export
     c.model.tokenizer = ""  # directory with vocab.txt (pretrain.build_vocab)
 
-    c.pretrain = ml_collections.ConfigDict()
+    # The corpus and its examples (nli_jax.plan.PretrainPlan's defaults: the BERT recipe's).
+    c.pretrain = ml_collections.ConfigDict(section_defaults(PretrainPlan))
     c.pretrain.phase = phase
-    c.pretrain.corpus = ("",)  # prepared corpus files (globs); examples built into <workdir>/examples
-    c.pretrain.examples_dir = ""  # or prebuilt examples (pretrain.create_examples)
-    c.pretrain.sentence_task = "sop" if albert else "nsp"
-    c.pretrain.whole_word = albert
-    c.pretrain.max_ngram = 3 if albert else 1
-    c.pretrain.mask_prob = 0.15
-    c.pretrain.max_predictions = MAX_PREDICTIONS[phase]
-    c.pretrain.short_seq_prob = 0.1
-    c.pretrain.dupe_factor = 1
-    c.pretrain.data_seed = 12345
-    c.pretrain.workers = 2
-    c.pretrain.heldout_examples = 2000
-    c.pretrain.heldout_permille = 10  # documents held out for evaluation (by hash), per thousand
-    c.pretrain.random_token_low = 0
+    # ALBERT: sentence-order prediction; ELECTRA: no sentence task (the paper's).
+    c.pretrain.sentence_task = "none" if electra else "sop" if albert else "nsp"
     c.pretrain.continued = bool(continued)  # model.init is required: continued pretraining of a checkpoint
-    # ELECTRA: the generator a quarter (small) or a third (base) of the discriminator's width, its
-    # replaced-token loss weighted 50 (the paper's values).
-    c.pretrain.generator_fraction = 1 / 3 if model == "electra-base" else 0.25
-    c.pretrain.discriminator_weight = 50.0
-    if electra:  # no sentence task; token masking (the paper's)
-        c.pretrain.sentence_task = "none"
-        c.pretrain.whole_word = False
-        c.pretrain.max_ngram = 1
 
     c.optimizer.name = "lamb" if albert else "adamw"
     c.optimizer.lr = lr
@@ -132,13 +117,13 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
         else:
             finetune_common.apply_cpu_test(c, preset="tiny-albert" if albert else "tiny-electra" if electra else "tiny-bert")
             if electra:
-                c.pretrain.generator_fraction = 0.5
+                c.task_options.generator_fraction = 0.5
         c.pretrain.corpus = (fixture_path("corpus_tiny") + "/*.txt",)
         c.pretrain.heldout_examples = 200
         c.pretrain.heldout_permille = 100
         c.pretrain.workers = 1
         c.data.max_seq_length = 64 if phase == 1 else 128
-        c.pretrain.max_predictions = 10 if phase == 1 else 20
+        c.task_options.max_predictions = 10 if phase == 1 else 20
         c.train.batch_size = 16
         c.train.accumulation_steps = 1
         c.train.max_steps = 300
@@ -181,7 +166,7 @@ def apply_cpu_learn(c: ml_collections.ConfigDict, electra: bool = False) -> None
         c.model.preset = "scratch-2layer-small"
         c.model.overrides.update(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_hidden_layers=2)
     c.pretrain.sentence_task = "none"
-    c.pretrain.max_predictions = 5  # 15% of 32
+    c.task_options.max_predictions = 5  # 15% of 32
     c.pretrain.heldout_examples = 1000
     c.data.max_seq_length = 32
     c.train.update(batch_size=64, accumulation_steps=1, max_steps=10_000, eval_every_steps=1000, checkpoint_every_steps=1000,

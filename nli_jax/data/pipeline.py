@@ -12,7 +12,7 @@ import bisect
 import collections
 import dataclasses
 import threading
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Callable, ClassVar, Iterator, Protocol, Sequence
 
 import grain
 import jax
@@ -160,6 +160,24 @@ def plan_packed_shapes(lengths_of_batches: Sequence[np.ndarray], *, groups: int,
 # Packed evaluation rows are at least this long (or the longest bucket, if shorter), so that
 # short examples share rows.
 EVAL_PACKED_MIN_LENGTH = 128
+
+
+class BatchingProtocol(Protocol):
+    """What the input pipeline, the loop and evaluation read of a task's batching: `Batching`
+    below, or a task's own (MLM masking: nli_jax.pretraining.masking.MaskedBatching)."""
+    random: bool  # batches draw random numbers (an rng per batch is passed)
+    packing_groups: int  # training batches packed in this many groups per process (0: padded)
+    eval_packing_groups: int  # evaluation batches likewise
+
+    @property
+    def bucketed(self) -> bool: ...  # padded batches take one of several lengths
+
+    @property
+    def needs_global_lengths(self) -> bool: ...  # processes need every example's length to agree on shapes
+
+    def training(self, rows: Sequence[dict], *, global_lengths=None, rng=None) -> dict: ...
+
+    def evaluation(self, rows: Sequence[dict], *, min_length: int = 0, rng=None) -> dict: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,7 +504,7 @@ def training_batches(source, encode: Callable[[dict], dict], batching, *, local_
     if batching.random:
         lengths = None  # batch-level random batchings (MLM) produce fixed shapes
     plan = None
-    if lengths is not None and compile_cost_tokens > 0 and getattr(batching, "packing_groups", 0):
+    if lengths is not None and compile_cost_tokens > 0 and batching.packing_groups:
         groups = batching.packing_groups * process_count
 
         def batches(order: EpochPermutations, count: int) -> list[np.ndarray]:
@@ -538,7 +556,7 @@ def eval_batches(source, encode: Callable[[dict], dict], batching, *, local_batc
     A random batching (MLM) draws from a generator fixed per batch (its first example and this
     process), so every evaluation of a run masks alike. A batching with `eval_packing_groups`
     packs instead (packed_eval_batches; `lengths` required)."""
-    if getattr(batching, "eval_packing_groups", 0):
+    if batching.eval_packing_groups:
         if lengths is None:
             raise ValueError("packed evaluation needs every example's encoded length")
         yield from packed_eval_batches(source, encode, batching, local_batch_size=local_batch_size, dummy=dummy,

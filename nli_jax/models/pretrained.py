@@ -22,7 +22,7 @@ from flax import nnx
 
 from nli_jax.checkpoints import hf
 from nli_jax.models.config import ConfigError, EncoderConfig
-from nli_jax.models.encoder import make_rngs, stack_layers, unstack_layers
+from nli_jax.models.encoder import make_rngs, stack_layers, training_flops_per_token, unstack_layers
 
 log = logging.getLogger("nli_jax.checkpoints.hf")
 
@@ -31,6 +31,11 @@ class PretrainedModel(nnx.Module):
     """A task model with Hugging Face-style `from_pretrained` / `save_pretrained`."""
 
     config: EncoderConfig
+
+    def training_flops_per_token(self, sequence_length: int) -> float:
+        """Training FLOPs per token of this model (every encoder it holds): MFU's numerator."""
+        return training_flops_per_token(self, sequence_length)
+
     hf_suffix = "Model"  # the transformers class is the family's name + this (BertForMaskedLM, ...)
     hf_base_model = False  # a bare encoder: saved without the base-model prefix ("bert.")
     hf_id2label = False  # num_labels travels as config.json's id2label (transformers' classifiers)

@@ -1,13 +1,17 @@
 """Masked-LM batches built on the fly from segment pairs (new masks every epoch), vectorised
 over the batch: the pipeline's per-example work is only decoding a record.
 
-For each row [CLS] A [SEP] B [SEP], mask_prob (15%) of its tokens, at most max_predictions:
-  - units are tokens, or whole words (a token and its following "##" pieces) with whole_word;
-  - with max_ngram > 1 (ALBERT) a span is n consecutive units, n drawn per unit with
-    p(n) ∝ 1/n, n = 1..max_ngram;
+A `MaskingRule` is the data of a masking scheme; an objective picks one (or builds a new one
+with its own span-length distribution). For each row [CLS] A [SEP] B [SEP], mask_prob (15%) of
+its tokens, at most max_predictions:
+  - units are tokens, or whole words (a token and its following "##" pieces: unit="word");
+  - a span is n consecutive units, n drawn per unit from `span_lengths` (p(n), n = 1, 2, ...):
+    (1.0,) for BERT's token masking, p(n) ∝ 1/n up to 3 for ALBERT's n-grams
+    (`ngram_span_lengths`), a clipped geometric distribution for SpanBERT's spans;
   - spans are tried in random order, skipping one that would exceed the budget or overlap
     (the greedy rule of BERT's and ALBERT's create_pretraining_data), all rows at once;
-  - each chosen token becomes [MASK] 80%, itself 10%, a random token 10%.
+  - each chosen token becomes [MASK], itself or a random token in the proportions of
+    `replacement` (BERT's 80% / 10% / 10%).
 Random numbers are drawn for the whole global batch and sliced, so the masks of a global batch
 do not depend on how many processes share it. Shapes are fixed: one compiled step.
 """
@@ -19,22 +23,48 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskingConfig:
-    max_seq_length: int = 128
-    max_predictions: int = 20
+class MaskingRule:
+    """What a masked-LM batch masks, as data: the unit (token or whole word), the distribution of
+    span lengths in units, the share and cap of predictions, and what a chosen token becomes."""
+    unit: str = "token"  # "token" | "word" (a token and its following "##" pieces)
+    span_lengths: tuple[float, ...] = (1.0,)  # p(span of n units), n = 1 .. len(span_lengths)
     mask_prob: float = 0.15
-    whole_word: bool = False
-    max_ngram: int = 1
+    max_predictions: int = 20
+    replacement: tuple[float, float, float] = (0.8, 0.1, 0.1)  # [MASK], the token itself, a random token
+    random_token_low: int = 0  # random replacements are drawn from [low, vocab_size)
+
+    def __post_init__(self):
+        if self.unit not in ("token", "word"):
+            raise ValueError(f"masking unit must be 'token' or 'word', got {self.unit!r}")
+        if not self.span_lengths or min(self.span_lengths) < 0 or not np.isclose(sum(self.span_lengths), 1.0):
+            raise ValueError(f"span_lengths must be probabilities summing to 1, got {self.span_lengths}")
+        if len(self.replacement) != 3 or min(self.replacement) < 0 or not np.isclose(sum(self.replacement), 1.0):
+            raise ValueError(f"replacement must be 3 proportions summing to 1, got {self.replacement}")
+
+    @property
+    def max_span(self) -> int:
+        return len(self.span_lengths)
+
+    def mean_span(self) -> float:
+        return float(np.dot(np.arange(1, self.max_span + 1), self.span_lengths))
+
+
+def ngram_span_lengths(max_ngram: int) -> tuple[float, ...]:
+    """ALBERT's n-gram masking: p(n) ∝ 1/n, n = 1 .. max_ngram ((1.0,): BERT's single units)."""
+    p = 1.0 / np.arange(1, max_ngram + 1)
+    return tuple(float(x) for x in p / p.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+    """A masking rule with what it needs of the vocabulary and the sequence length."""
+    rule: MaskingRule = MaskingRule()
+    max_seq_length: int = 128
     vocab_size: int = 30522
     cls_id: int = 2
     sep_id: int = 3
     mask_id: int = 4
     pad_id: int = 0
-    random_token_low: int = 0  # random replacements are drawn from [low, vocab_size)
-
-    def ngram_probabilities(self) -> np.ndarray:
-        p = 1.0 / np.arange(1, self.max_ngram + 1)
-        return p / p.sum()
 
 
 def continuation_table(vocab: list[str]) -> np.ndarray:
@@ -72,14 +102,15 @@ def assemble(rows: list[dict], cfg: MaskingConfig):
 def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, is_continuation: np.ndarray, *,
                row_offset: int = 0, global_rows: int | None = None, return_spans: bool = False) -> dict:
     """rows: dicts with token arrays "a", "b" and "label" (+ "idx", "weight" passed through)."""
-    B, L, P = len(rows), cfg.max_seq_length, cfg.max_predictions
+    rule = cfg.rule
+    B, L, P, N = len(rows), cfg.max_seq_length, rule.max_predictions, rule.max_span
     G = global_rows or B
     ids, types, lengths, cand, b_start = assemble(rows, cfg)
     positions = np.arange(L)[None, :]
 
     # Units: a new unit starts at every candidate token (or, for whole words, at every candidate
     # that is not a "##" piece, and at the start of each segment).
-    if cfg.whole_word:
+    if rule.unit == "word":
         previous_cand = np.concatenate([np.zeros((B, 1), bool), cand[:, :-1]], axis=1)
         starts = cand & (~is_continuation[ids] | ~previous_cand | (positions == b_start[:, None]))
     else:
@@ -96,18 +127,18 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
     # Global draws, sliced to this process's rows.
     rows_slice = slice(row_offset, row_offset + B)
     priority = rng.random((G, U))[rows_slice]
-    ngram = (rng.choice(np.arange(1, cfg.max_ngram + 1), size=(G, U), p=cfg.ngram_probabilities())[rows_slice]
-             if cfg.max_ngram > 1 else np.ones((B, U), np.int64))
+    ngram = (rng.choice(np.arange(1, N + 1), size=(G, U), p=np.asarray(rule.span_lengths))[rows_slice]
+             if N > 1 else np.ones((B, U), np.int64))
     replace_draw = rng.random((G, P))[rows_slice]
-    random_tokens = rng.integers(cfg.random_token_low, cfg.vocab_size, (G, P))[rows_slice]
+    random_tokens = rng.integers(rule.random_token_low, cfg.vocab_size, (G, P))[rows_slice]
 
     priority = np.where(np.arange(U)[None, :] < unit_count[:, None], priority, np.inf)
     visit = np.argsort(priority, axis=1)  # random order of each row's units
-    budget = np.minimum(P, np.maximum(1, np.round(lengths * cfg.mask_prob).astype(np.int64)))
+    budget = np.minimum(P, np.maximum(1, np.round(lengths * rule.mask_prob).astype(np.int64)))
     # Per iteration only O(batch) work: spans are runs of units, their token counts come from
     # prefix sums of the candidates, and overlap is checked on the (at most max_ngram) units.
     cumulative = np.concatenate([np.zeros((B, 1), np.int64), np.cumsum(cand, axis=1)], axis=1)
-    chosen_units = np.zeros((B, U + cfg.max_ngram), bool)
+    chosen_units = np.zeros((B, U + N), bool)
     taken = np.zeros(B, np.int64)
     accepted_ngrams = []
     rows_index = np.arange(B)
@@ -119,10 +150,10 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
         end_unit = np.minimum(unit_count, u + ngram[rows_index, u])
         size = cumulative[rows_index, first_pos[rows_index, end_unit]] - cumulative[rows_index, first_pos[rows_index, u]]
         overlap = np.zeros(B, bool)
-        for j in range(cfg.max_ngram):
+        for j in range(N):
             overlap |= (u + j < end_unit) & chosen_units[rows_index, u + j]
         ok = active & (taken + size <= budget) & ~overlap
-        for j in range(cfg.max_ngram):
+        for j in range(N):
             take = ok & (u + j < end_unit)
             chosen_units[rows_index[take], (u + j)[take]] = True
         taken += size * ok
@@ -131,14 +162,14 @@ def mask_batch(rows: list[dict], rng: np.random.Generator, cfg: MaskingConfig, i
     unit_of = np.maximum(np.cumsum(starts, axis=1) - 1, 0)
     chosen = cand & np.take_along_axis(chosen_units, unit_of, axis=1)
 
-    # Up to P chosen positions per row, in order; then 80% [MASK] / 10% same / 10% random.
+    # Up to P chosen positions per row, in order; then [MASK] / same / random (80/10/10 for BERT).
     masked_positions = np.argsort(~chosen, axis=1, kind="stable")[:, :P].astype(np.int32)
     valid = np.arange(P)[None, :] < chosen.sum(1)[:, None]
     masked_positions = np.where(valid, masked_positions, 0)
     masked_ids = np.where(valid, np.take_along_axis(ids, masked_positions, axis=1), 0).astype(np.int32)
     inputs = ids.copy()
-    to_mask = valid & (replace_draw < 0.8)
-    to_random = valid & (replace_draw >= 0.9)
+    to_mask = valid & (replace_draw < rule.replacement[0])
+    to_random = valid & (replace_draw >= rule.replacement[0] + rule.replacement[1])
     r_idx = np.broadcast_to(rows_index[:, None], (B, P))
     inputs[r_idx[to_mask], masked_positions[to_mask]] = cfg.mask_id
     inputs[r_idx[to_random], masked_positions[to_random]] = random_tokens[to_random]
@@ -167,6 +198,8 @@ class MaskedBatching:
     random = True
     bucketed = False  # one fixed shape
     needs_global_lengths = False
+    packing_groups = 0  # segment pairs fill their rows: nothing to pack
+    eval_packing_groups = 0
 
     def training(self, rows, *, global_lengths=None, rng=None) -> dict:
         return mask_batch(rows, rng, self.config, self.is_continuation, row_offset=self.row_offset,

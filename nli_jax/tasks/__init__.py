@@ -4,7 +4,7 @@
 import importlib
 import pkgutil
 
-from nli_jax.tasks.base import TASKS, Task, register
+from nli_jax.tasks.base import TASK_OPTIONS, TASKS, Task, register
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "common"):
@@ -18,4 +18,22 @@ def create_task(plan) -> Task:
     return TASKS[plan.task](plan)
 
 
-__all__ = ["TASKS", "Task", "create_task", "register"]
+def options_class(name: str):
+    """The options class task `name` registered (NoOptions for an unknown name: the planner
+    refuses the name itself)."""
+    from nli_jax.plan import NoOptions
+    return TASK_OPTIONS.get(name, NoOptions)
+
+
+def options_config(name: str, **values):
+    """config.task_options for task `name`: its options' defaults, `values` set over them."""
+    import ml_collections
+    from nli_jax.plan import section_defaults
+    defaults = section_defaults(options_class(name))
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ValueError(f"task {name!r} has no option(s) {unknown}; its options: {sorted(defaults)}")
+    return ml_collections.ConfigDict({**defaults, **values})
+
+
+__all__ = ["TASKS", "TASK_OPTIONS", "Task", "create_task", "options_class", "options_config", "register"]

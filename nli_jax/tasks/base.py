@@ -1,31 +1,37 @@
 """A task = its data (splits), encoding, batching, model head, loss, predictions and report.
 The training loop knows nothing else about a task. Adding one is one module that subclasses
-`Task` and registers a factory that picks the plan sections it needs (docs/extending.md):
+`Task` and registers a factory that picks the plan sections it needs, with the task's own
+options class when it has options (docs/extending.md):
 
-    register("mytask")(lambda plan: MyTask(plan.data))
+    register("mytask", options=MyOptions)(lambda plan: MyTask(plan.data, plan.task_options))
 """
 from __future__ import annotations
 
 import abc
+import copy
 from typing import Any, Callable
 
 import numpy as np
 
 from nli_jax.data.pipeline import Batching
-from nli_jax.plan import BatchPlan, DataPlan
+from nli_jax.plan import BatchPlan, DataPlan, NoOptions, TaskOptions
 
 # name -> factory(RunPlan) -> Task. The built-in tasks register when nli_jax.tasks is imported.
 TASKS: dict[str, Callable[[Any], "Task"]] = {}
+# name -> the task's options class (RunPlan.task_options, config.task_options).
+TASK_OPTIONS: dict[str, type[TaskOptions]] = {}
 # The key of `loss`'s metric sums that holds per-example arrays (not summed): the train step
 # returns them when asked (training dynamics), the evaluation step with the predictions.
 PER_EXAMPLE = "per_example"
 
 
-def register(name: str):
+def register(name: str, options: type[TaskOptions] = NoOptions):
+    """Registers `factory(plan) -> Task` as task `name`, whose options (plan.task_options) are an
+    `options` instance."""
     def wrap(factory):
         if name in TASKS:
             raise ValueError(f"task {name!r} registered twice")
-        TASKS[name] = factory
+        TASKS[name], TASK_OPTIONS[name] = factory, options
         return factory
     return wrap
 
@@ -47,6 +53,9 @@ class Task(abc.ABC):
     reports_final_parameters: bool = False
     # Further validation metrics kept at every evaluation (results.json's history, tensorboard).
     tracked_metrics: tuple[str, ...] = ()
+    # Training scalars logged and charted (train/<name>) next to the loss: (name, numerator,
+    # denominator) among the metric sums `loss` returns, over the steps since the last log line.
+    training_scalars: tuple[tuple[str, str, str], ...] = (("accuracy", "correct", "weight"),)
     train_split: str = "train"
     validation_split: str = "validation"
     # Whether training and evaluation batches may put several examples in one row
@@ -59,8 +68,40 @@ class Task(abc.ABC):
     # training dynamics (train.record_dynamics) and the training split's cartography.
     records_dynamics: bool = False
 
-    def __init__(self, data: DataPlan):
-        self.data = data
+    def __init__(self, data: DataPlan, options: TaskOptions = NoOptions()):
+        self.data, self.options = data, options
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_bound"):
+            raise AttributeError(f"task {self.name!r} is bound: {name} was fixed at set-up and cannot change")
+        super().__setattr__(name, value)
+
+    def bind(self, tokenizer, splits: dict | None = None, labels=None) -> "Task":
+        """A copy of this task with what set-up fixes, frozen from then on: its label names (a
+        checkpoint's `labels`, else those its data gives, `labels_from`) and what it takes from the
+        tokenizer (`tokenizer_values`). Training, evaluation and the tools use bound tasks only."""
+        fixed = tuple(getattr(type(self), "labels", ()) or ())  # a task class's own label set (NLI's)
+        if labels is not None and fixed and fixed != tuple(labels):
+            from nli_jax.errors import RunError
+            raise RunError(f"the checkpoint's labels {list(labels)} are not task {self.name!r}'s {list(fixed)}")
+        bound = copy.copy(self)
+        names = labels if labels is not None else self.labels_from(splits or {})
+        values = dict(self.tokenizer_values(tokenizer), **({"labels": tuple(names)} if names is not None else {}))
+        bound.__dict__.update(values, _bound=True)
+        return bound
+
+    def result_fields(self) -> dict:
+        """Fields results.json records about how the task ran (NLI: hypothesis_only); none by default."""
+        return {}
+
+    def labels_from(self, splits: dict) -> tuple[str, ...] | None:
+        """Label names the task's data gives (a tagging task's tag set), or None when they are
+        the task's own (`labels`) or it has none."""
+        return None
+
+    def tokenizer_values(self, tokenizer) -> dict:
+        """Attributes the bound task takes from the tokenizer (special-token ids, ...); none by default."""
+        return {}
 
     @abc.abstractmethod
     def load(self, workdir: str | None = None) -> dict[str, Any]:

@@ -5,6 +5,8 @@ HoASA) and word-level labelling (POS, NER, keyphrases, FacQA) differ only here.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ import numpy as np
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMultiAspectClassification, ForSequenceClassification, ForTokenClassification
 from nli_jax.models.encoder import example_tokens
+from nli_jax.plan import TaskOptions, option
 from nli_jax.tasks.base import PER_EXAMPLE, Task
 
 
@@ -152,10 +155,15 @@ class MultiAspectTask(Task):
         return logits, np.asarray([index[label] for e in examples for label in e["labels"]])
 
 
+@dataclasses.dataclass(frozen=True)
+class TaggingOptions(TaskOptions):
+    word_alignment: str = option("average", choices=("average", "first"), model_input=True)
+
+
 class TaggingTask(Task):
     """Labels on words, predicted from sub-word tokens.
 
-    `data.word_alignment`: "first" labels each word from its first sub-token; "average" (the
+    `task_options.word_alignment` (TaggingOptions): "first" labels each word from its first sub-token; "average" (the
     IndoNLU framework's choice) from the mean of its sub-token vectors. Both are one matrix M
     [words, tokens] per example: word logits = M @ token logits / row sums (the classifier is
     affine, so averaging logits equals classifying the averaged vector).
@@ -180,7 +188,7 @@ class TaggingTask(Task):
                 "idx": np.int32(0), "weight": np.float32(1.0)}
 
     def encoder(self, tokenizer):
-        max_length, alignment = self.data.max_seq_length, self.data.word_alignment
+        max_length, alignment = self.data.max_seq_length, self.options.word_alignment
         label_ids = {name: i for i, name in enumerate(self.labels)}
 
         def encode(example):

@@ -4,7 +4,7 @@ masking (nli_jax.pretraining.masking), a generator and a discriminator sharing e
 (nli_jax.models.electra), and this loss:
 
     generator MLM loss (mean over the masked tokens)
-    + pretrain.discriminator_weight (50, the paper's) x the discriminator's binary cross-entropy
+    + task_options.discriminator_weight (50, the paper's) x the discriminator's binary cross-entropy
       (mean over every real token: was it replaced by the generator's sample?)
 
 Replacements are sampled from the generator's distribution at the masked positions, without a
@@ -14,33 +14,48 @@ accuracy, precision, recall and F1 on replaced tokens (the primary metric is F1)
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import electra
+from nli_jax.plan import option
 from nli_jax.tasks.base import register
-from nli_jax.tasks.pretraining import Pretraining
+from nli_jax.tasks.pretraining import MaskedLMOptions, Pretraining
+
+
+@dataclasses.dataclass(frozen=True)
+class ElectraOptions(MaskedLMOptions):
+    # The generator's width as a fraction of the discriminator's (the paper's: a quarter for small,
+    # a third for base), and the weight of the discriminator's loss (the paper's 50).
+    generator_fraction: float = option(0.25, low=0.0, high=1.0, low_open=True)
+    discriminator_weight: float = option(50.0, low=0.0, low_open=True)
 
 
 class ElectraPretraining(Pretraining):
     name = "electra"
     primary_metric = "replaced_f1"
     tracked_metrics = ("mlm_accuracy", "rtd_accuracy")  # the generator's MLM, the discriminator's accuracy
+    # The generator's MLM and the discriminator's replaced-token detection (over every real token).
+    training_scalars = (("mlm_accuracy", "mlm_correct", "mlm_weight"), ("mlm_loss", "mlm_loss_sum", "mlm_weight"),
+                        ("rtd_accuracy", "rtd_correct", "rtd_weight"), ("rtd_loss", "rtd_loss_sum", "rtd_weight"))
     continuable_model_types = ("electra",)
     objective = "ELECTRA's replaced-token detection: its generator and discriminator"
 
     def plan_problems(self, plan):
         from nli_jax.models.presets import PRESETS
-        model = plan.model
+        model, problems = plan.model, super().plan_problems(plan)
         if not model.init and PRESETS.get(model.preset, {}).get("model_type", "electra") != "electra":
-            return [f"--config.model.preset={model.preset!r}: a {PRESETS[model.preset]['model_type']} shape; ELECTRA "
-                    f"pretraining builds ELECTRA models (presets {', '.join(sorted(p for p, v in PRESETS.items() if v['model_type'] == 'electra'))})"]
-        return []
+            problems.append(f"--config.model.preset={model.preset!r}: a {PRESETS[model.preset]['model_type']} shape; "
+                            f"ELECTRA pretraining builds ELECTRA models (presets "
+                            f"{', '.join(sorted(p for p, v in PRESETS.items() if v['model_type'] == 'electra'))})")
+        return problems
 
     def model_class_and_kwargs(self):
-        return electra.ForElectraPretraining, {"generator_fraction": self.pretrain.generator_fraction}
+        return electra.ForElectraPretraining, {"generator_fraction": self.options.generator_fraction}
 
     def _originals(self, batch):
         """The unmasked token ids: the masked positions given back their original tokens."""
@@ -80,7 +95,7 @@ class ElectraPretraining(Pretraining):
         totals = batch.get("loss_normalizers") or {"examples": examples, "masked_tokens": mlm_w,
                                                    "tokens": jnp.sum(token_weights)}
         objective = (mlm_sum / jnp.maximum(totals["masked_tokens"], 1.0)
-                     + self.pretrain.discriminator_weight * rtd_sum / jnp.maximum(totals["tokens"], 1.0))
+                     + self.options.discriminator_weight * rtd_sum / jnp.maximum(totals["tokens"], 1.0))
         global_examples = jnp.maximum(totals["examples"], 1.0)
         sums = {"mlm_loss_sum": mlm_sum, "mlm_weight": mlm_w, "mlm_correct": mlm_correct,
                 "rtd_loss_sum": rtd_sum, "rtd_weight": jnp.sum(token_weights), "rtd_correct": rtd_correct,
@@ -112,4 +127,5 @@ class ElectraPretraining(Pretraining):
                 "masked_tokens": int(total["mlm_count"]), "count": len(examples)}
 
 
-register("electra")(lambda plan: ElectraPretraining(plan.data, plan.pretrain, plan.model))
+register("electra", options=ElectraOptions)(
+    lambda plan: ElectraPretraining(plan.data, plan.pretrain, plan.model, plan.task_options))

@@ -11,9 +11,9 @@ import numpy as np
 
 from nli_jax.data import indonlu as data
 from nli_jax.metrics import conll_scores, precision_recall_f1
-from nli_jax.plan import DataPlan
+from nli_jax.plan import DataPlan, NoOptions
 from nli_jax.tasks.base import pair_min_length, register, single_min_length
-from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingTask, encode_text
+from nli_jax.tasks.common import ClassificationTask, MultiAspectTask, TaggingOptions, TaggingTask, encode_text
 
 log = logging.getLogger("nli_jax")
 
@@ -23,14 +23,19 @@ class _IndoNLUData:
     spec: data.IndoNLUTask
     data: DataPlan
 
-    def __init__(self, name: str, data_plan: DataPlan):
-        self.name, self.spec, self.data = name, data.TASKS[name], data_plan
+    def __init__(self, name: str, data_plan: DataPlan, options=NoOptions()):
+        self.name, self.spec, self.data, self.options = name, data.TASKS[name], data_plan, options
         self.labels = tuple(self.spec.labels)  # the benchmark's label set; a tagging task's comes from its files
 
     def load(self, workdir=None):
-        splits, vocabulary = data.prepare(self.spec.name, self.data.source or None, self.data.tfds_dir)
-        self.labels = tuple(vocabulary)
+        splits, _ = data.prepare(self.spec.name, self.data.source or None, self.data.tfds_dir)
         return splits
+
+    def labels_from(self, splits):
+        if self.spec.labels or not splits:
+            return None  # the benchmark's label set
+        return tuple(data.label_vocabulary(self.spec, {name: [source[i] for i in range(len(source))]
+                                                       for name, source in splits.items()}))
 
     def read_file(self, path, *, labelled=True):
         return data.read_file(self.spec, path, labelled=labelled)
@@ -70,8 +75,8 @@ class SentenceTask(_IndoNLUData, ClassificationTask):
 
 
 class AspectTask(_IndoNLUData, MultiAspectTask):
-    def __init__(self, name: str, data_plan: DataPlan):
-        super().__init__(name, data_plan)
+    def __init__(self, name: str, data_plan: DataPlan, options=NoOptions()):
+        super().__init__(name, data_plan, options)
         self.aspects = self.spec.aspects
 
     def encoder(self, tokenizer):
@@ -101,8 +106,8 @@ class AspectTask(_IndoNLUData, MultiAspectTask):
 
 
 class WordTask(_IndoNLUData, TaggingTask):
-    def __init__(self, name: str, data_plan: DataPlan):
-        super().__init__(name, data_plan)
+    def __init__(self, name: str, data_plan: DataPlan, options: TaggingOptions):
+        super().__init__(name, data_plan, options)
         self.question_field = "question" if self.spec.kind == "qa" else None
 
     def report(self, split, examples, predictions):
@@ -119,4 +124,5 @@ class WordTask(_IndoNLUData, TaggingTask):
 
 _CLASSES = {"single": SentenceTask, "pair": SentenceTask, "aspects": AspectTask, "tagging": WordTask, "qa": WordTask}
 for _name, _spec in data.TASKS.items():
-    register(_name)(lambda plan, n=_name, cls=_CLASSES[_spec.kind]: cls(n, plan.data))
+    register(_name, options=TaggingOptions if _CLASSES[_spec.kind] is WordTask else NoOptions)(
+        lambda plan, n=_name, cls=_CLASSES[_spec.kind]: cls(n, plan.data, plan.task_options))

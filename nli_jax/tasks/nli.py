@@ -2,11 +2,13 @@
 IndoNLI translate-train. A new NLI corpus is one `NLICorpus` entry in nli_jax.data.nli plus
 one `register` line here.
 
-`data.hypothesis_only` trains and evaluates on the hypothesis alone: the papers' baseline for
-annotation artifacts. Reports: accuracy, by gold label, by every category the corpus has
+`task_options.hypothesis_only` trains and evaluates on the hypothesis alone: the papers'
+baseline for annotation artifacts. Reports: accuracy, by gold label, by every category the corpus has
 (premise size, genre, difficulty level, creation strategy, topic) and by diagnostic tag.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -14,19 +16,45 @@ from nli_jax.data import nli as nli_data
 from nli_jax.data.records import InMemorySource
 from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
 from nli_jax.errors import RunError
-from nli_jax.plan import DataPlan
+from nli_jax.plan import DataPlan, TaskOptions, option
 from nli_jax.tasks.base import pair_min_length, register, single_min_length
 from nli_jax.tasks.common import ClassificationTask, encode_text
+
+
+@dataclasses.dataclass(frozen=True)
+class NLIOptions(TaskOptions):
+    hypothesis_only: bool = option(False, model_input=True)  # the hypothesis alone: the artifacts baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class OCNLIOptions(NLIOptions):
+    train_size: str = option("50k", choices=("50k", "30k", "10k", "3k"))  # OCNLI's training file
+
+
+@dataclasses.dataclass(frozen=True)
+class InferESOptions(NLIOptions):
+    holdout_topic: str = option("")  # a topic trained on by none: split topic_ood (out of distribution)
+    validation_fraction: float = option(0.1, low=0.0, high=1.0, low_open=True, high_open=True)  # carved from train
+    validation_seed: int = option(0, low=0)  # which examples the validation split takes
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslateTrainOptions(NLIOptions):
+    translate_train_source: str = option("", path=True)  # the extracted translate_train_small folder
+    mix_indonli_train: bool = option(False)  # IndoNLI's own training examples too
 
 
 class NLITask(ClassificationTask):
     labels = nli_data.NLI_LABELS
 
-    def __init__(self, corpus: str, data: DataPlan, train_split: str = "train"):
-        super().__init__(data)
+    def __init__(self, corpus: str, data: DataPlan, options: NLIOptions, train_split: str = "train"):
+        super().__init__(data, options)
         self.name = corpus
         self.corpus = corpus
         self.train_split = train_split
+
+    def result_fields(self):
+        return {"hypothesis_only": self.options.hypothesis_only}
 
     def load(self, workdir=None):
         return nli_data.prepare(self.corpus, self.data.source or None, self.data.tfds_dir)
@@ -38,14 +66,14 @@ class NLITask(ClassificationTask):
         return set(nli_data.CORPORA[self.corpus].splits)
 
     def min_seq_length(self, tokenizer):
-        if self.data.hypothesis_only:
+        if self.options.hypothesis_only:
             n, _ = single_min_length(tokenizer)
             return n, "a hypothesis alone ([CLS] h [SEP])"
         n, _ = pair_min_length(tokenizer)
         return n, "a premise-hypothesis pair ([CLS] p [SEP] h [SEP])"
 
     def encoder(self, tokenizer):
-        max_length, hypothesis_only = self.data.max_seq_length, self.data.hypothesis_only
+        max_length, hypothesis_only = self.data.max_seq_length, self.options.hypothesis_only
 
         def encode(example):
             if hypothesis_only:
@@ -70,30 +98,26 @@ class NLITask(ClassificationTask):
 
 
 class OCNLITask(NLITask):
-    """OCNLI: train on `data.train_size` (50k / 30k / 10k / 3k, whichever file exists), evaluate on dev."""
+    """OCNLI: train on `task_options.train_size` (50k / 30k / 10k / 3k), evaluate on dev."""
 
-    def __init__(self, data: DataPlan):
-        super().__init__("ocnli", data)
+    def __init__(self, data: DataPlan, options: OCNLIOptions):
+        super().__init__("ocnli", data, options, train_split=f"train_{options.train_size}")
 
     def load(self, workdir=None):
         splits = super().load()
-        size = self.data.train_size
-        candidates = [f"train_{size}"] if size else ["train_50k", "train_30k", "train_10k", "train_3k"]
-        for name in candidates:
-            if name in splits:
-                self.train_split = name
-                return splits
-        raise FileNotFoundError(f"ocnli: no training file for train_size={size!r} in {self.data.source} "
-                                f"(have {sorted(s for s in splits if s.startswith('train'))})")
+        if self.train_split not in splits:
+            raise FileNotFoundError(f"ocnli: no training file for train_size={self.options.train_size!r} in "
+                                    f"{self.data.source} (have {sorted(s for s in splits if s.startswith('train'))})")
+        return splits
 
 
 class InferESTask(NLITask):
-    """InferES: official train/test; a validation split carved from train (`data.validation_fraction`,
-    seeded); `data.holdout_topic=N` trains on the other five topics and adds split `topic_ood`
+    """InferES: official train/test; a validation split carved from train
+    (`task_options.validation_fraction`, seeded); `task_options.holdout_topic=N` trains on the other five topics and adds split `topic_ood`
     (topic N from train and test) for the topic out-of-distribution setting."""
 
-    def __init__(self, data: DataPlan):
-        super().__init__("inferes", data)
+    def __init__(self, data: DataPlan, options: InferESOptions):
+        super().__init__("inferes", data, options)
 
     def possible_splits(self):
         return {"train", "validation", "test", "topic_ood"}
@@ -102,20 +126,20 @@ class InferESTask(NLITask):
         splits = super().load()
         train = [splits["train"][i] for i in range(len(splits["train"]))]
         train.sort(key=lambda e: e["idx"])
-        holdout = self.data.holdout_topic
+        holdout = self.options.holdout_topic
         out = {}
         if holdout:
             topics = {e["categories"]["topic"] for e in train}
             if holdout not in topics:
-                raise RunError(f"data.holdout_topic={holdout!r} is not a topic of InferES train ({sorted(topics)})")
+                raise RunError(f"--config.task_options.holdout_topic={holdout!r} is not a topic of InferES train ({sorted(topics)})")
             ood = [e for e in train if e["categories"]["topic"] == holdout]
             if "test" in splits:
                 ood += [e for e in (splits["test"][i] for i in range(len(splits["test"])))
                         if e["categories"]["topic"] == holdout]
             out["topic_ood"] = InMemorySource(_reindex(ood))
             train = [e for e in train if e["categories"]["topic"] != holdout]
-        order = np.random.default_rng(self.data.validation_seed).permutation(len(train))
-        n_val = int(round(self.data.validation_fraction * len(train)))
+        order = np.random.default_rng(self.options.validation_seed).permutation(len(train))
+        n_val = int(round(self.options.validation_fraction * len(train)))
         out["validation"] = InMemorySource(_reindex([train[i] for i in sorted(order[:n_val])]))
         out["train"] = InMemorySource(_reindex([train[i] for i in sorted(order[n_val:])]))
         if "test" in splits:
@@ -127,21 +151,22 @@ class InferESTask(NLITask):
 
 
 class TranslateTrainTask(NLITask):
-    """IndoNLI's translate-train rows: train on machine-translated MNLI (`data.translate_train_source`),
-    optionally mixed with IndoNLI train (`data.mix_indonli_train`), evaluate on IndoNLI."""
+    """IndoNLI's translate-train rows: train on machine-translated MNLI
+    (`task_options.translate_train_source`), optionally mixed with IndoNLI train
+    (`task_options.mix_indonli_train`), evaluate on IndoNLI."""
 
-    def __init__(self, data: DataPlan):
-        super().__init__("indonli", data)
+    def __init__(self, data: DataPlan, options: TranslateTrainOptions):
+        super().__init__("indonli", data, options)
         self.name = "indonli_translate_train"
 
     def load(self, workdir=None):
         indonli = super().load()
-        source = self.data.translate_train_source
+        source = self.options.translate_train_source
         if not source:
-            raise RunError("data.translate_train_source: the folder of the extracted translate_train_small.tar.gz")
+            raise RunError("--config.task_options.translate_train_source='': the folder of the extracted translate_train_small.tar.gz")
         mt = nli_data.prepare("indonli_translate_train_small", source, self.data.tfds_dir)["train"]
         train = [dict(mt[i], origin="translate_train") for i in range(len(mt))]
-        if self.data.mix_indonli_train:
+        if self.options.mix_indonli_train:
             train += [dict(indonli["train"][i], origin="indonli") for i in range(len(indonli["train"]))]
         return dict(indonli, train=InMemorySource(_reindex(sorted(train, key=lambda e: (e["origin"], e["idx"])))))
 
@@ -153,7 +178,8 @@ def _reindex(examples):
 # {task: the corpus its training data comes from} (nli_jax.analysis.artifacts reads it).
 TASK_CORPORA = {"indonli": "indonli", "ocnli": "ocnli", "inferes": "inferes",
                 "indonli_translate_train": nli_data.TRANSLATE_TRAIN_SMALL.name}
-register("indonli")(lambda plan: NLITask("indonli", plan.data))
-register("ocnli")(lambda plan: OCNLITask(plan.data))
-register("inferes")(lambda plan: InferESTask(plan.data))
-register("indonli_translate_train")(lambda plan: TranslateTrainTask(plan.data))
+register("indonli", options=NLIOptions)(lambda plan: NLITask("indonli", plan.data, plan.task_options))
+register("ocnli", options=OCNLIOptions)(lambda plan: OCNLITask(plan.data, plan.task_options))
+register("inferes", options=InferESOptions)(lambda plan: InferESTask(plan.data, plan.task_options))
+register("indonli_translate_train", options=TranslateTrainOptions)(
+    lambda plan: TranslateTrainTask(plan.data, plan.task_options))

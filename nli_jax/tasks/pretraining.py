@@ -7,6 +7,7 @@ sentence loss (mean over pairs). Evaluation on held-out documents: MLM and sente
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,10 +21,10 @@ from nli_jax.data.pipeline import Subset
 from nli_jax.errors import RunError
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM
-from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan
+from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptions, option
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, create_examples
-from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, continuation_table
+from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, MaskingRule, continuation_table, ngram_span_lengths
 from nli_jax.tasks.base import Task, register
 from nli_jax.workdir import has_trained_state
 
@@ -36,20 +37,59 @@ def _corpus_files(patterns) -> list[str]:
     return sorted({f for pattern in patterns if pattern for f in storage.glob(pattern)})
 
 
+@dataclasses.dataclass(frozen=True)
+class MaskedLMOptions(TaskOptions):
+    """The masking of masked-LM objectives (BERT: tokens; ALBERT: whole-word n-grams up to 3).
+    An objective with another scheme subclasses these and overrides `masking_rule`."""
+    whole_word: bool = option(False)  # units are whole words (a token and its "##" pieces)
+    max_ngram: int = option(1, low=1)  # spans of n <= max_ngram units, p(n) ∝ 1/n (ALBERT: 3)
+    mask_prob: float = option(0.15, low=0.0, high=1.0, low_open=True, high_open=True)
+    max_predictions: int = option(20, low=1)  # masked tokens per sequence at most (20 at 128, 80 at 512)
+    random_token_low: int = option(0, low=0)  # random replacements drawn from [low, vocab size)
+
+    def masking_rule(self) -> MaskingRule:
+        return MaskingRule(unit="word" if self.whole_word else "token", span_lengths=ngram_span_lengths(self.max_ngram),
+                           mask_prob=self.mask_prob, max_predictions=self.max_predictions,
+                           random_token_low=self.random_token_low)
+
+
 class Pretraining(Task):
     name = "pretraining"
     primary_metric = "mlm_accuracy"
     reports_final_parameters = True  # the export is the final step's encoder; results describe it
     tracked_metrics = ("mask_input_accuracy", "mask_input_constant_baseline")
+    training_scalars = (("mlm_accuracy", "mlm_correct", "mlm_weight"), ("mlm_loss", "mlm_loss_sum", "mlm_weight"),
+                        ("sentence_accuracy", "sentence_correct", "sentence_weight"),
+                        ("sentence_loss", "sentence_loss_sum", "sentence_weight"))
     validation_split = "heldout"
     # Checkpoints (model.init) this objective continues, and what it trains them as.
     continuable_model_types = ("bert", "albert")
     objective = "MLM with an NSP/SOP head, exported as *ForPreTraining"
 
-    def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan):
-        super().__init__(data)
+    def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan, options: MaskedLMOptions):
+        super().__init__(data, options)
         self.pretrain, self.model = pretrain, model
-        self.examples_dir = None
+        self.masking = options.masking_rule()
+
+    def plan_problems(self, plan):
+        if self.masking.max_predictions > plan.data.max_seq_length:
+            return [f"--config.task_options.max_predictions={self.masking.max_predictions}: more predictions than "
+                    f"data.max_seq_length ({plan.data.max_seq_length}) tokens"]
+        return []
+
+    # Fixed when the task is bound (tokenizer_values): the masking of its batches, and [MASK]'s id,
+    # by which evaluation tells the predictions made at [MASK] inputs.
+    masking_config: MaskingConfig | None = None
+    is_continuation: np.ndarray | None = None
+    mask_id: int | None = None
+
+    def tokenizer_values(self, tokenizer):
+        vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+        cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
+        return {"mask_id": mask_id, "is_continuation": continuation_table(vocab),
+                "masking_config": MaskingConfig(rule=self.masking, max_seq_length=self.data.max_seq_length,
+                                                vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id,
+                                                pad_id=pad_id)}
 
     def stale_settings(self, directory: str, corpus_files: list[str]) -> list[str]:
         """Settings that differ between examples built in the workdir and this run's ([] if none,
@@ -105,7 +145,6 @@ class Pretraining(Task):
                 if jax.process_count() > 1:
                     from jax.experimental import multihost_utils
                     multihost_utils.sync_global_devices("nli_jax pretraining examples")
-        self.examples_dir = directory
         train = ExampleSource(directory, "train")
         meta = train.meta
         if len(train) == 0:
@@ -151,16 +190,11 @@ class Pretraining(Task):
                 "weight": np.float32(1.0)}
 
     def batching(self, tokenizer, batch: BatchPlan) -> MaskedBatching:
-        p = self.pretrain
-        vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
-        cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
-        self.mask_id = mask_id  # evaluation tells the predictions made at [MASK] inputs
-        cfg = MaskingConfig(max_seq_length=self.data.max_seq_length, max_predictions=p.max_predictions,
-                            mask_prob=p.mask_prob, whole_word=p.whole_word, max_ngram=p.max_ngram,
-                            vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id, pad_id=pad_id,
-                            random_token_low=p.random_token_low)
+        if self.masking_config is None:
+            raise RuntimeError(f"task {self.name!r}: batching needs the bound task (Task.bind)")
         # This process's rows of each global batch (random draws are made for the global batch).
-        return MaskedBatching(cfg, continuation_table(vocab), row_offset=batch.process_index * batch.local_batch,
+        return MaskedBatching(self.masking_config, self.is_continuation,
+                              row_offset=batch.process_index * batch.local_batch,
                               global_rows=batch.local_batch * batch.processes)
 
     def _outputs(self, model, batch, deterministic):
@@ -196,7 +230,7 @@ class Pretraining(Task):
         out = self._outputs(model, batch, True)
         hit = (jnp.argmax(out["mlm_logits"], -1) == batch["masked_ids"]) * batch["masked_weights"]
         pred = {"mlm_correct": hit.sum(-1), "mlm_count": batch["masked_weights"].sum(-1)}
-        if getattr(self, "mask_id", None) is not None:
+        if self.mask_id is not None:
             # The predictions whose input is [MASK] (80% of them): only context answers these; the
             # 10% kept tokens are answered by copying the input.
             at_mask = (jnp.take_along_axis(batch["input_ids"], batch["masked_positions"], axis=1) == self.mask_id
@@ -227,4 +261,5 @@ class Pretraining(Task):
         return []  # per-example pretraining predictions are not useful to write
 
 
-register("pretraining")(lambda plan: Pretraining(plan.data, plan.pretrain, plan.model))
+register("pretraining", options=MaskedLMOptions)(
+    lambda plan: Pretraining(plan.data, plan.pretrain, plan.model, plan.task_options))

@@ -211,7 +211,7 @@ def _global_abstract(local: dict, processes: int, sharding) -> dict:
 
 def _evaluation_needs_lengths(batching, processes: int) -> bool:
     """As nli_jax.train.evaluation.Evaluator decides: packed evaluation, or buckets over hosts."""
-    return bool(getattr(batching, "eval_packing_groups", 0)) or (processes > 1 and batching.bucketed)
+    return bool(batching.eval_packing_groups) or (processes > 1 and batching.bucketed)
 
 
 def abstract_batches(plan, task, batching, processes: int, sharding) -> tuple[dict, dict]:
@@ -344,12 +344,11 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     slice. Returns the report (see `report_lines`); a program that does not fit is reported with
     what would make it fit, not raised."""
     import jax
-    from nli_jax.models.encoder import training_flops_per_token
     from nli_jax.tasks import create_task
     from nli_jax.train import mesh as mesh_lib
     from nli_jax.train import planner
     from nli_jax.train.loop import jit_train_step
-    from nli_jax.train.setup import jit_eval_step
+    from nli_jax.train.setup import StepSetup, jit_eval_step
 
     target = topology(topology_name)
     devices = target.devices()
@@ -357,10 +356,10 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     processes = len({d.process_index for d in devices})
     plan = planner.build_plan(config, devices=len(devices), processes=processes, process_index=0)
     task = create_task(plan)
-    if hasattr(task, "labels") and not task.labels:
-        # A tagging task's tag set comes from its files, which are not read here: stand-ins give
-        # its head a width (a [hidden, tags] matrix, which changes nothing of what fits).
-        task.labels = tuple(f"TAG{i}" for i in range(STAND_IN_TAGS))
+    # A tagging task's tag set comes from its files, which are not read here: stand-ins give its
+    # head a width (a [hidden, tags] matrix, which changes nothing of what fits).
+    stand_in = tuple(f"TAG{i}" for i in range(STAND_IN_TAGS)) if hasattr(task, "labels") and not task.labels else None
+    task = task.bind(_shape_tokenizer(), labels=stand_in)
     encoder_config = model_shape(plan)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict, devices)
     graphdef, rest, params, param_shardings, model = abstract_model(plan, task, encoder_config, mesh)
@@ -369,16 +368,13 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     batching = task.batching(_shape_tokenizer(), plan.batch)
     train_batch, eval_batch = abstract_batches(plan, task, batching, processes, batch_sharding)
 
-    train = _compile(jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
-                                    accumulation=plan.batch.accumulation, step_param_dtype=plan.model.step_param_dtype,
-                                    data_parallel=plan.batch.accumulation_shards),
-                     state, train_batch, run_values)
-    evaluation = (_compile(jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh), params,
-                           eval_batch) if eval_step else None)
+    steps = StepSetup(plan, task, graphdef, rest, param_shardings, batch_sharding, mesh)
+    train = _compile(jit_train_step(steps, tx, schedule, shardings), state, train_batch, run_values)
+    evaluation = _compile(jit_eval_step(steps), params, eval_batch) if eval_step else None
 
     length = plan.data.max_seq_length
     tokens_per_step = plan.batch.global_batch * length
-    formula_flops = training_flops_per_token(model, length) * tokens_per_step / len(devices)
+    formula_flops = model.training_flops_per_token(length) * tokens_per_step / len(devices)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     report = {
         "topology": topology_name, "devices": len(devices), "hosts": processes,

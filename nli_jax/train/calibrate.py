@@ -20,6 +20,7 @@ import numpy as np
 from nli_jax import storage
 from nli_jax.errors import RunError
 from nli_jax.metrics import calibration as metrics
+from nli_jax.train import hooks
 from nli_jax.train.reporting import log
 
 CALIBRATION_FILE = "calibration.json"
@@ -127,3 +128,60 @@ def log_summary(results: dict) -> None:
         if c and "temperature_scaled" in c:
             log.info("calibration %s: ECE %.4f -> %.4f (temperature %.3f), NLL %.4f -> %.4f", split, c["raw"]["ece"],
                      c["temperature_scaled"]["ece"], c["temperature"], c["raw"]["nll"], c["temperature_scaled"]["nll"])
+
+
+@hooks.register(lambda plan: True)  # a checkpoint's temperature applies whatever train.calibration says
+class CalibrationHook(hooks.RunHook):
+    """Calibration as a run hook. In training (train.calibration): a temperature fitted on the
+    validation split at the final evaluation and stored with the best parameters
+    (<workdir>/calibration.json, exports' config.json). In the tools: the checkpoint's stored
+    temperature (read and checked before any compute) scales finetune.predict's probabilities and
+    goes with finetune.export. Either way, with train.calibration, every split's calibration
+    metrics (raw and scaled) and reliability diagram."""
+
+    def __init__(self, *, report: bool, fit: bool = False, temperature: float | None = None, source: str | None = None):
+        self.report, self.fit, self.temperature, self.source = report, fit, temperature, source
+
+    @classmethod
+    def for_training(cls, run, train_source):
+        return cls(report=True, fit=True) if run.plan.train.calibration else None
+
+    @classmethod
+    def for_checkpoint(cls, plan, checkpoint):
+        temperature = read_temperature(checkpoint)
+        if temperature is None and not plan.train.calibration:
+            return None
+        return cls(report=plan.train.calibration, temperature=temperature, source=checkpoint)
+
+    def final_results(self, run, params, results, evaluations):
+        task = run.task
+        if self.fit and task.validation_split in run.splits:
+            validation = evaluations.get(task.validation_split) or run.evaluate(params, task.validation_split)
+            if task.calibration_inputs(validation.examples, validation.predictions) is not None:
+                self.temperature, fitted = fit(task, validation)
+                results["calibration"] = dict(fitted, temperature=self.temperature)
+                # Stored with the best parameters, for evaluate / predict / export.
+                write_temperature(run.workdir, self.temperature, dict(results["calibration"],
+                                                                      best_step=results.get("best_step")))
+        elif self.temperature is not None:
+            results["calibration"] = {"temperature": self.temperature, "from": self.source}
+        if not self.report:
+            return
+        for split, evaluation in evaluations.items():
+            split_report = report(task, evaluation, self.temperature, run.workdir)
+            if split_report is not None:
+                results["splits"][split]["calibration"] = split_report
+                evaluations[split] = evaluation._replace(records=with_calibrated_probabilities(
+                    evaluation.records, evaluation.predictions.get("logits"), self.temperature))
+        log_summary(results)
+
+    def predictions(self, records, outputs):
+        return with_calibrated_probabilities(records, outputs.get("logits"), self.temperature)
+
+    def export_fields(self):
+        return {} if self.temperature is None else {"temperature": self.temperature}
+
+    @classmethod
+    def summarize_seeds(cls, per_seed, summary):
+        for split, measures in summarize_seeds(per_seed).items():
+            summary["splits"][split]["calibration"] = measures

@@ -23,6 +23,7 @@ import numpy as np
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+from nli_jax.train import hooks
 
 DIRECTORY = "dynamics"
 META = "meta.json"
@@ -155,3 +156,36 @@ class Recorder:
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.concatenate(v) for k, v in rows.items()})
         storage.write_bytes(os.path.join(self.directory, _chunk_name(step)), buffer.getvalue())
+
+
+@hooks.register(lambda plan: plan.train.record_dynamics)
+class DynamicsHook(hooks.RunHook):
+    """train.record_dynamics as a run hook: each step's per-example outcomes (or, every
+    train.dynamics_every_steps, an evaluation of the whole training split) recorded, and written
+    before each checkpoint."""
+
+    def __init__(self, run, train_source):
+        plan = run.plan
+        # Records of another run or task in this workdir are refused here, before any compute.
+        self.recorder = Recorder(run.workdir, identity(plan.task, plan.config_json, len(train_source)),
+                                 global_batch=plan.batch.global_batch, every_steps=plan.train.dynamics_every_steps)
+        self.per_example_outcomes = not self.recorder.every_steps
+        self.evaluator, self.train_source = run.evaluator, train_source
+
+    @classmethod
+    def for_training(cls, run, train_source):
+        return cls(run, train_source)
+
+    def start(self, step):
+        self.recorder.start(step)
+
+    def after_step(self, step, outcomes, params):
+        if outcomes is not None:
+            self.recorder.training_step(step, outcomes)
+        if self.recorder.wants_pass(step):
+            p = self.evaluator.evaluate(params, "dynamics", self.train_source).predictions
+            self.recorder.evaluation_pass(step, {"idx": np.asarray(p["idx"]), "weight": np.ones(len(p["idx"]), np.float32),
+                                                 **{k: np.asarray(p[k]) for k in FIELDS}})
+
+    def before_checkpoint(self, step):
+        self.recorder.write(step)  # the records up to a checkpoint, before it

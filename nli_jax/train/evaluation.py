@@ -1,8 +1,8 @@
 """Evaluation and prediction: a split's examples (each read and encoded once per run) in
 evaluation batches over every process, the jitted evaluation or prediction step, the outputs
 merged back into file order, then the task's report and prediction records. Owns the final
-evaluation of a run's parameters on every split (results.json's task fields), calibration
-included (nli_jax.train.calibrate).
+evaluation of a run's parameters on every split (results.json's task fields), then the run's
+hooks (nli_jax.train.hooks: calibration, ...).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from flax import nnx
 from nli_jax.data import pipeline
 from nli_jax.data.records import InMemorySource
 from nli_jax.plan import BatchPlan
-from nli_jax.train import calibrate, compilation
+from nli_jax.train import compilation
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.reporting import log
 
@@ -30,14 +30,16 @@ class SplitEvaluation(NamedTuple):
     predictions: dict
 
 
-def predict_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
-    """The jitted prediction step: the task's per-example outputs, with idx, replicated."""
-    rest = nnx.to_pure_dict(rest)
+def predict_step(steps):
+    """The jitted prediction step (of a setup.StepSetup): the task's per-example outputs, with
+    idx, replicated."""
+    graphdef, rest, task = steps.graphdef, nnx.to_pure_dict(steps.rest), steps.task
 
     def step(params, batch):
         return {**task.predict(nnx.merge(graphdef, params, rest), batch), "idx": batch["idx"]}
-    return jax.jit(step, in_shardings=(param_shardings, batch_sharding), out_shardings=mesh_lib.replicated(mesh),
-                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(mesh)))
+    return jax.jit(step, in_shardings=(steps.param_shardings, steps.batch_sharding),
+                   out_shardings=mesh_lib.replicated(steps.mesh),
+                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(steps.mesh)))
 
 
 class EvalSplit:
@@ -81,12 +83,11 @@ class Evaluator:
         report["loss"] = float(sums["loss_sum"]) / max(float(sums["weight"]), 1.0)
         return SplitEvaluation(report, self.task.prediction_records(split, ordered, merged), split, ordered, merged)
 
-    def predict(self, params, examples: list[dict], name: str, temperature: float | None = None) -> list[dict]:
-        """Prediction records (label names) for examples that may have no gold labels; with a
-        temperature, calibrated probabilities next to the raw ones."""
+    def predict(self, params, examples: list[dict], name: str) -> tuple[list[dict], dict]:
+        """(prediction records with label names, the step's per-example outputs in their order)
+        for examples that may have no gold labels."""
         _, merged, ordered = self._run(self.predict_step, params, EvalSplit(InMemorySource(examples), self.encode), name)
-        records = self.task.prediction_records(name, ordered, merged)
-        return calibrate.with_calibrated_probabilities(records, merged.get("logits"), temperature)
+        return self.task.prediction_records(name, ordered, merged), merged
 
     def _run(self, step_fn, params, data: EvalSplit, split: str):
         """Runs `step_fn` over a split in eval batches: (summed metrics or None, per-example
@@ -94,7 +95,7 @@ class Evaluator:
         pc, pi = self.batch.processes, self.batch.process_index
         examples = data.examples
         dummy = dict(data.encode(examples[0]), idx=np.int32(-1))
-        packed = getattr(self.batching, "eval_packing_groups", 0)
+        packed = self.batching.eval_packing_groups
         lengths = data.lengths(pi, pc) if packed or (pc > 1 and self.batching.bucketed) else None
         sums, outputs = None, []
         for local in pipeline.eval_batches(examples, data.encode, self.batching, local_batch_size=self.batch.local_eval_batch,
@@ -116,38 +117,20 @@ class Evaluator:
         return sums, merged, ordered
 
 
-def final_evaluation(run, params, splits: list[str], *, reused: dict | None = None,
-                     temperature: float | None = None, fit_temperature: bool = False):
-    """results.json's task fields and every split's report, and the prediction records, for
-    `params`. `reused`: {split: SplitEvaluation} already computed with these parameters. With
-    train.calibration: calibration metrics per split, raw and scaled by `temperature` (or by one
-    fitted here on the validation split, `fit_temperature`; results["calibration"] says how)."""
+def final_evaluation(run, params, splits: list[str], *, hooks=(), reused: dict | None = None,
+                     fields: dict | None = None):
+    """results.json (the task's fields, `fields`, every split's report) and the prediction
+    records, for `params`; then each run hook's final_results (calibration, ...). `reused`:
+    {split: SplitEvaluation} already computed with these parameters."""
     task = run.task
-    results = {"task": task.name, "primary_metric": task.primary_metric,
-               "hypothesis_only": run.plan.data.hypothesis_only, "splits": {}}
+    results = {"task": task.name, "primary_metric": task.primary_metric, **task.result_fields(), **(fields or {}),
+               "splits": {}}
     evaluations = {}
     for split in splits:
         evaluations[split] = (reused or {}).get(split) or run.evaluate(params, split)
         report = results["splits"][split] = evaluations[split].report
         log.info("final %s: %s %.4f (%d examples)", split, task.primary_metric, report[task.primary_metric],
                  report["count"])
-    calibrated = run.plan.train.calibration
-    if calibrated and fit_temperature and task.validation_split in run.splits:
-        validation = evaluations.get(task.validation_split) or run.evaluate(params, task.validation_split)
-        if task.calibration_inputs(validation.examples, validation.predictions) is not None:
-            temperature, fit = calibrate.fit(task, validation)
-            results["calibration"] = dict(fit, temperature=temperature)
-    records = []
-    for split, evaluation in evaluations.items():
-        split_records = evaluation.records
-        if calibrated:
-            report = calibrate.report(task, evaluation, temperature, run.workdir)
-            if report is not None:
-                results["splits"][split]["calibration"] = report
-                split_records = calibrate.with_calibrated_probabilities(split_records,
-                                                                        evaluation.predictions.get("logits"),
-                                                                        temperature)
-        records.extend(split_records)
-    if calibrated:
-        calibrate.log_summary(results)
-    return results, records
+    for hook in hooks:
+        hook.final_results(run, params, results, evaluations)
+    return results, [record for evaluation in evaluations.values() for record in evaluation.records]

@@ -9,10 +9,12 @@ fingerprint of the data -> config.json and inputs.json written -> steps (resumin
 newest intact checkpoint). Each step: train; evaluate on validation every `eval_every` steps
 (early stopping, best parameters); checkpoint every `checkpoint_every` steps and on SIGTERM.
 At the end the best parameters are evaluated on every split and written to results.json and
-predictions.jsonl.
+predictions.jsonl. What a run does besides (training dynamics, calibration) are its hooks
+(nli_jax.train.hooks), called at fixed points; the loop knows none of them.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 
@@ -24,10 +26,10 @@ from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
-from nli_jax.models.encoder import training_flops_per_token
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
-from nli_jax.train import calibrate, compilation, dynamics
+from nli_jax.train import compilation
+from nli_jax.train import hooks as hooks_lib
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import planner
@@ -36,7 +38,7 @@ from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.preemption import Preempted, Preemption
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
-from nli_jax.train.setup import RunSetup, model_inputs, prepare, training_examples
+from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare, training_examples
 from nli_jax.train.steps import make_train_step
 from nli_jax.train.tools import export
 
@@ -51,14 +53,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
             return run_one(plan, workdir)
         per_seed = {seed: run_one(seed_plan, os.path.join(workdir, f"seed_{seed}"))
                     for seed, seed_plan in seed_plans.items()}
-        summary = aggregate_seeds(per_seed)
+        summary = aggregate_seeds(per_seed, plan)
         write_json(os.path.join(workdir, "results.json"), summary)
         return summary
 
 
-def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
+def aggregate_seeds(per_seed: dict[int, dict], plan: RunPlan) -> dict:
     """mean ± std (sample std, ddof=1, as over the papers' random restarts) of every split's
-    primary metric, and of its calibration measures."""
+    primary metric, and what the run's hooks summarize (calibration measures)."""
     splits = sorted({s for r in per_seed.values() for s in r["splits"]})
     out = {"seeds": sorted(per_seed), "splits": {}}
     for split in splits:
@@ -67,8 +69,7 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
         out["splits"][split] = {metric: {"mean": float(np.mean(values)),
                                          "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                                          "values": values}}
-    for split, measures in calibrate.summarize_seeds(per_seed).items():
-        out["splits"][split]["calibration"] = measures
+    hooks_lib.summarize_seeds(plan, per_seed, out)
     out["per_seed"] = {str(s): r for s, r in per_seed.items()}
     return out
 
@@ -78,26 +79,24 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     parameters evaluated on every split; returns (and writes) results.json."""
     setup_logging(workdir)
     compiled_before = compilation.totals()
-    run, steps, train_source, inputs = _checked_setup(plan, workdir)
+    run, steps, train_source, inputs = checked_setup(plan, workdir)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
     params, evaluated_step = _best_params(run, state, bookkeeping)
-    results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits], reused=reused,
-                                        fit_temperature=True)
-    if "calibration" in results:  # stored with the best parameters, for evaluate / predict / export
-        calibrate.write_temperature(workdir, results["calibration"]["temperature"],
-                                    dict(results["calibration"], best_step=bookkeeping["best_step"]))
-    results.update(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
-                   stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
-                   train_tokens=bookkeeping["train_tokens"], compilation=compilation.since(compiled_before))
+    fields = dict(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
+                  stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
+                  train_tokens=bookkeeping["train_tokens"])
+    results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits],
+                                        hooks=run.hooks, reused=reused, fields=fields)
+    results["compilation"] = compilation.since(compiled_before)
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
              results["compilation"])
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
         results["export_best"] = export(run, params, os.path.join(workdir, "export_best"),
-                                        temperature=results.get("calibration", {}).get("temperature"))
+                                        fields=hooks_lib.export_fields(run.hooks))
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
     workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=steps.total_steps,
@@ -105,9 +104,10 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     return results
 
 
-def _checked_setup(plan: RunPlan, workdir: str):
-    """(run setup, step plan, training examples, the inputs' fingerprint), every check passed:
-    the workdir's config and inputs against this run's, the data, the model and the steps."""
+def checked_setup(plan: RunPlan, workdir: str):
+    """(run setup with its hooks, step plan, training examples, the inputs' fingerprint), every
+    check passed: the workdir's config and inputs against this run's, the data, the model, the
+    steps and the hooks' own (records of another run in the workdir)."""
     workdir_lib.check_config(workdir, plan.config_json)
     trained = workdir_lib.has_trained_state(workdir)
     if trained and workdir_lib.read_config(workdir) is None:
@@ -129,8 +129,9 @@ def _checked_setup(plan: RunPlan, workdir: str):
     train_source = training_examples(plan, task, run.splits)
     planner.check_label_variety(plan, task, train_source)
     steps = planner.step_plan(plan, len(train_source))
-    if plan.train.record_dynamics:  # records of another run or task in this workdir: refused now
-        dynamics.check_meta(workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)))
+    if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
+        run = dataclasses.replace(run, splits=dict(run.splits, train=train_source))
+    run = dataclasses.replace(run, hooks=tuple(hooks_lib.for_training(run, train_source)))
     current = dict(known, data=dict(sorted(data_files.items())))
     inputs_lib.check_inputs(workdir, current, trained=trained, parts=("data",))
     if trained and inputs_lib.read_inputs(workdir) is None:
@@ -162,33 +163,23 @@ def _best_params(run: RunSetup, state, bookkeeping: dict):
 def train(run: RunSetup, steps: StepPlan, train_source):
     """The training loop: returns (final state, loop bookkeeping, the evaluation made at the best
     step in this process, if any, so the final evaluation need not repeat it)."""
-    task, plan = run.task, run.plan
-    if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
-        run.splits = dict(run.splits, train=train_source)
+    task, plan, hooks = run.task, run.plan, run.hooks
     tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
                                   warmup_steps=steps.warmup_steps, unit_peak=True)
-    recorder = (dynamics.Recorder(run.workdir, dynamics.identity(plan.task, plan.config_json, len(train_source)),
-                                  global_batch=plan.batch.global_batch, every_steps=plan.train.dynamics_every_steps)
-                if plan.train.record_dynamics else None)
-    state, train_step = initial_state_and_step(run.graphdef, run.rest, run.params, run.param_shardings, run.mesh,
-                                               run.batch_sharding, task, tx, schedule, seed=plan.seed,
-                                               lr_factor=plan.optimizer.lr,
-                                               accumulation=plan.batch.accumulation,
-                                               per_example=bool(recorder and not recorder.every_steps),
-                                               step_param_dtype=plan.model.step_param_dtype,
-                                               data_parallel=plan.batch.accumulation_shards)
-    batches = _train_batches(run, train_source, steps.total_steps)
+    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule,
+                                               per_example=any(h.per_example_outcomes for h in hooks))
+    batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
     state, bookkeeping = _resume(ckpt, state, train_iter)
     step = int(jax.device_get(state["step"]))
     train_step.compile_ahead(state, _one_batch_per_shape(run, batches, step, steps.total_steps))
-    if recorder:
-        recorder.start(step)
+    for hook in hooks:
+        hook.start(step)
     run_state = {"total_steps": steps.total_steps}
     workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"], **run_state)
-    reporter = Reporter(run.workdir, steps.total_steps, step,
-                        flops_per_token=training_flops_per_token(run.model, plan.data.max_seq_length),
+    reporter = Reporter(run.workdir, steps.total_steps, step, scalars=task.training_scalars,
+                        flops_per_token=run.model.training_flops_per_token(plan.data.max_seq_length),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
@@ -201,8 +192,9 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             padding.count(local["attention_mask"].shape, real_tokens)
             state, metrics = train_step(state, pipeline.to_global(local, run.batch_sharding))
             step += 1
-            if recorder:
-                _record(recorder, run, train_source, step, metrics.pop(PER_EXAMPLE, None), state["params"])
+            outcomes = metrics.pop(PER_EXAMPLE, None)
+            for hook in hooks:
+                hook.after_step(step, outcomes, state["params"])
             pending.append(metrics)
             if step % steps.log_every == 0 or step == steps.total_steps:
                 _report(reporter, pending, step, steps)
@@ -214,12 +206,14 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
             final = step == steps.total_steps or bookkeeping["stopped_early"]
             if step % steps.checkpoint_every == 0 or final:
-                recorder and recorder.write(step)  # the records up to a checkpoint, before it
+                for hook in hooks:
+                    hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, final=final)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
                                         **run_state)
             if preemption.reached(step):
-                recorder and recorder.write(step)
+                for hook in hooks:
+                    hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, force=True)
                 ckpt.close()
                 workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=bookkeeping["best_step"],
@@ -239,23 +233,19 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     return state, bookkeeping, reused
 
 
-def initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx, schedule, *,
-                           seed: int, accumulation: int, per_example: bool = False, lr_factor: float = 1.0,
-                           step_param_dtype: str = "float32", data_parallel: int = 1):
+def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False):
     """The train state {params, opt_state, step} in its shardings, and the jitted train step
-    (state donated; `per_example`: its metrics hold the examples' outcomes, for training
-    dynamics). The seed and `lr_factor` (the peak learning rate, for a tx made with
+    (state donated; `per_example`: its metrics hold the examples' outcomes, for a hook such as
+    training dynamics). The seed and the peak learning rate (for a tx made with
     make_optimizer(unit_peak=True)) are inputs of the compiled step, not constants: runs that
-    differ only in them share its program. The loop's own; benchmarks/mlm_train_step.py times it."""
-    replicated = mesh_lib.replicated(mesh)
-    shardings = train_state_shardings(tx, params, param_shardings, mesh)
+    differ only in them share its program. The loop's own; benchmarks time it."""
+    replicated = mesh_lib.replicated(steps.mesh)
+    shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
     opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
-    compiled = jit_train_step(graphdef, rest, task, tx, schedule, shardings, batch_sharding, mesh,
-                              accumulation=accumulation, per_example=per_example, step_param_dtype=step_param_dtype,
-                              data_parallel=data_parallel)
-    run_values = {"seed": mesh_lib.put_global(np.uint32(seed), replicated),
-                  "lr": mesh_lib.put_global(np.float32(lr_factor), replicated)}
+    compiled = jit_train_step(steps, tx, schedule, shardings, per_example=per_example)
+    run_values = {"seed": mesh_lib.put_global(np.uint32(steps.plan.seed), replicated),
+                  "lr": mesh_lib.put_global(np.float32(steps.plan.optimizer.lr), replicated)}
     return state, TrainStep(compiled, run_values)
 
 
@@ -269,16 +259,17 @@ def train_state_shardings(tx, params, param_shardings, mesh) -> dict:
     return {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
 
 
-def jit_train_step(graphdef, rest, task, tx, schedule, state_shardings, batch_sharding, mesh, *, accumulation: int,
-                   per_example: bool = False, step_param_dtype: str = "float32", data_parallel: int = 1):
+def jit_train_step(steps: StepSetup, tx, schedule, state_shardings, *, per_example: bool = False):
     """The run's train step under jit: (state, batch, run_values {seed, lr}) -> (state, metrics),
-    state donated. The one the loop runs and launch.compile compiles for a TPU topology."""
-    replicated = mesh_lib.replicated(mesh)
-    return jax.jit(make_train_step(graphdef, rest, task, tx, schedule, seed=None, accumulation_steps=accumulation,
-                                   per_example=per_example,
-                                   step_param_dtype=None if step_param_dtype == "float32" else step_param_dtype,
-                                   data_parallel=data_parallel),
-                   in_shardings=(state_shardings, batch_sharding, replicated),
+    state donated; micro-batches, their layout and the step's parameter dtype from the plan. The
+    one the loop runs and launch.compile compiles for a TPU topology."""
+    batch, dtype = steps.plan.batch, steps.plan.model.step_param_dtype
+    replicated = mesh_lib.replicated(steps.mesh)
+    return jax.jit(make_train_step(steps.graphdef, steps.rest, steps.task, tx, schedule, seed=None,
+                                   accumulation_steps=batch.accumulation, per_example=per_example,
+                                   step_param_dtype=None if dtype == "float32" else dtype,
+                                   data_parallel=batch.accumulation_shards),
+                   in_shardings=(state_shardings, steps.batch_sharding, replicated),
                    out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
 
@@ -327,13 +318,13 @@ def _shape_key(batch: dict) -> tuple:
     return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
 
 
-def _train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
+def train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
     """This process's rows of each global training batch (a checkpointable grain iterable).
     Several processes: each pads (or packs) its rows to the shape the whole global batch needs,
     known from every example's length (gathered once here), so shapes agree with no per-step exchange.
     Packed batches: the run's step shapes are planned from those lengths (data.compile_cost_tokens)."""
     batch, pc, pi = run.plan.batch, run.plan.batch.processes, run.plan.batch.process_index
-    plans_shapes = getattr(run.batching, "packing_groups", 0) and run.plan.data.compile_cost_tokens > 0
+    plans_shapes = run.batching.packing_groups and run.plan.data.compile_cost_tokens > 0
     lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
                if (pc > 1 and run.batching.needs_global_lengths) or plans_shapes else None)
     batches = pipeline.training_batches(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
@@ -357,18 +348,6 @@ def _one_batch_per_shape(run: RunSetup, batches: pipeline.TrainingBatches, step:
     for offset, shape in enumerate(remaining):
         first.setdefault(shape, step + offset)
     return [pipeline.to_global(batches.batches[b], run.batch_sharding) for b in first.values()]
-
-
-def _record(recorder: dynamics.Recorder, run: RunSetup, train_source, step: int, outcomes, params) -> None:
-    """Training dynamics: this step's examples from its own forward pass, or every N steps an
-    evaluation of the whole training split."""
-    if outcomes is not None:
-        recorder.training_step(step, outcomes)
-    if recorder.wants_pass(step):
-        evaluation = run.evaluator.evaluate(params, "dynamics", train_source)
-        p = evaluation.predictions
-        recorder.evaluation_pass(step, {"idx": np.asarray(p["idx"]), "weight": np.ones(len(p["idx"]), np.float32),
-                                        **{k: np.asarray(p[k]) for k in dynamics.FIELDS}})
 
 
 def _resume(ckpt: Checkpointer, state, train_iter):
@@ -397,10 +376,10 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
              "batch %d (accumulation %d)", run.task.name, type(model).__name__, model.config.model_type,
              n_params / 1e6, dict(run.mesh.shape), train_examples, steps.steps_per_epoch, steps.total_steps,
              batch.global_batch, batch.accumulation)
-    if getattr(run.batching, "packing_groups", 0):
+    if run.batching.packing_groups:
         log.info("training batches packed (data.packing): several examples per row, each attending to itself, "
                  "in %d group(s) per process", run.batching.packing_groups)
-    if getattr(run.batching, "eval_packing_groups", 0):
+    if run.batching.eval_packing_groups:
         log.info("evaluation batches packed (data.packing): rows of %d examples' tokens at most, in %d group(s) "
                  "per process", run.plan.batch.local_eval_batch, run.batching.eval_packing_groups)
 

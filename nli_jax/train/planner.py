@@ -2,7 +2,7 @@
 here and nowhere else, and every check of a run lives here, in the order a run meets them:
 
 1. `build_plan` (nothing read): each field's type and range (declared on the plan's
-   dataclasses), then the relations that need no file: task and splits, model preset, seeds,
+   dataclasses, and on the task's options class for `task_options`), then the relations that need no file: task and splits, model preset, seeds,
    batch against processes, accumulation and data-parallel devices, mesh shape, pretraining
    masking; then the derived `BatchPlan`. `seed_plans` builds one plan per entry of `seeds`.
 2. `check_paths`: every gs:// path reachable (seconds, before anything is read or written).
@@ -32,9 +32,10 @@ from nli_jax.train import mesh as mesh_lib
 
 log = logging.getLogger("nli_jax")
 
-# Config keys that name files or directories: each may be a local path or gs://bucket/path.
-PATH_KEYS = ("data.source", "data.tfds_dir", "data.translate_train_source", "data.train_subset", "model.init",
-             "model.tokenizer", "pretrain.corpus", "pretrain.examples_dir")
+# Config keys that name files or directories: each may be a local path or gs://bucket/path (and
+# the task's options declared with option(..., path=True)).
+PATH_KEYS = ("data.source", "data.tfds_dir", "data.train_subset", "model.init", "model.tokenizer", "pretrain.corpus",
+             "pretrain.examples_dir")
 _SECTIONS = {"data": P.DataPlan, "model": P.ModelPlan, "optimizer": P.OptimizerPlan, "train": P.TrainPlan,
              "pretrain": P.PretrainPlan}
 _TOP = ("task", "eval_splits", "seeds", "export_best", "export_final")
@@ -65,15 +66,17 @@ def has_key(config, key: str):
 
 
 def saved_config(workdir: str):
-    """A run's config.json as a ConfigDict (its lists as tuples), with the config files'
-    defaults for keys an older nli-jax did not write; None when the workdir has none."""
+    """A run's config.json as a ConfigDict (its lists as tuples), an older nli-jax's keys where
+    they are now (nli_jax.plan.upgrade_config_json), the plan's defaults for keys it did not
+    write; None when the workdir has none."""
     import ml_collections
 
-    from configs import finetune_common
     from nli_jax import workdir as workdir_lib
+    from nli_jax.tasks import options_class
     saved = workdir_lib.read_config(workdir)
     if saved is None:
         return None
+    saved = P.upgrade_config_json(saved, options_class(saved.get("task", "")))
 
     def merged(defaults: dict, values: dict) -> dict:
         out = dict(defaults)
@@ -86,7 +89,8 @@ def saved_config(workdir: str):
         if isinstance(node, dict):
             return {k: tuples(v) for k, v in node.items()}
         return tuple(tuples(v) for v in node) if isinstance(node, list) else node
-    return ml_collections.ConfigDict(tuples(merged(config_dict(finetune_common.base_config()), saved)))
+    defaults = P.default_config(saved.get("task", "indonli"), pretrain="pretrain" in saved)
+    return ml_collections.ConfigDict(tuples(merged(config_dict(defaults), saved)))
 
 
 def close_keys(key: str, keys: Sequence[str], n: int = 3) -> list[str]:
@@ -125,17 +129,15 @@ def _section(config, name: str, cls, problems: list[str]):
     values = {}
     names = {f.name for f in dataclasses.fields(cls)}
     for key in sorted(set(node.keys()) - names):
-        close = difflib.get_close_matches(key, sorted(names), n=2)
-        problems.append(f"{name}.{key}: not a config key of nli-jax"
-                        + (f" (did you mean {' or '.join(f'{name}.{c}' for c in close)}?)" if close else ""))
+        problems.append(unknown_key(f"{name}.{key}", [f"{name}.{n}" for n in sorted(names)]))
     for field in dataclasses.fields(cls):
         key = f"{name}.{field.name}"
         if field.name == "overrides":
             values["overrides"] = _overrides(node["overrides"], problems)
             continue
         if field.name not in node:
-            problems.append(f"the config has no {key} (the config files define every key; "
-                            "start from configs/finetune_common.base_config())")
+            problems.append(f"the config has no {key} (start from configs/finetune_common.base_config(), which "
+                            "has every key)")
             continue
         value = _tuples(node[field.name])
         value = P.LEGACY_VALUES.get(key, lambda v: v)(value)
@@ -144,6 +146,45 @@ def _section(config, name: str, cls, problems: list[str]):
             problems.append(f"{flag(key, value)}: {key} {bad}")
         values[field.name] = value
     return values
+
+
+def unknown_key(key: str, known: Sequence[str], owner: str = "nli-jax") -> str:
+    """Why `key` is refused: a key an older nli-jax had that a task's options hold now, or one
+    close to a known key."""
+    moved = P.moved_key(key)
+    if moved:
+        return f"{key}: now {moved} (the task's own option): --config.{moved}=..."
+    close = difflib.get_close_matches(key, list(known), n=2)
+    return (f"{key}: not a config key of {owner}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+
+
+def task_options(config, task: str, problems: list[str]):
+    """The task's options (its registered class) from config.task_options: keys the config lacks
+    take the class's defaults, keys it does not declare are refused, each value checked."""
+    from nli_jax.tasks import TASKS, options_class
+    if task not in TASKS:
+        return P.NoOptions()  # the unknown task is refused by name
+    cls = options_class(task)
+    node = config["task_options"] if "task_options" in config else {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key in sorted(node.keys()):
+        if key not in fields:
+            problems.append(unknown_key(f"task_options.{key}", [f"task_options.{n}" for n in sorted(fields)],
+                                        owner=f"task {task!r} (its options: {', '.join(sorted(fields)) or 'none'})"))
+            continue
+        value = _tuples(node[key])
+        bad = P.check_of(fields[key]).problem(value)
+        if bad:
+            problems.append(f"{flag('task_options.' + key, value)}: task_options.{key} {bad}")
+        values[key] = value
+    try:
+        options = cls(**values)
+    except TypeError as e:  # a wrong type the checks above already name
+        problems.append(f"task_options: {e}")
+        return None
+    problems.extend(options.problems())
+    return options
 
 
 def _overrides(node, problems: list[str]) -> tuple:
@@ -187,6 +228,8 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
     mesh_shape = dict(mesh_shape) if hasattr(mesh_shape, "keys") else mesh_shape
     rules = tuple(tuple(r) for r in _tuples(config["mesh"]["rules"]))
     refuse(problems)  # the relations below assume well-typed values
+    options = task_options(config, top["task"], problems)
+    refuse(problems)
 
     data = P.DataPlan(**dict(sections["data"], tfds_dir=os.path.expanduser(sections["data"]["tfds_dir"]
                                                                            or "~/tensorflow_datasets/nli_jax")))
@@ -201,10 +244,12 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
     mesh = P.MeshPlan(shape=tuple(sizes.items()) if sizes else (), rules=rules,
                       data_parallel=mesh_lib.data_parallel_size(sizes, rules) if sizes else 1)
 
+    # config.json records the task's options resolved (defaults included): the run's identity.
+    config_json = dict(config_dict(config), task_options=dataclasses.asdict(options))
     plan = P.RunPlan(task=top["task"], eval_splits=top["eval_splits"], seeds=top["seeds"],
-                     export_best=top["export_best"], export_final=top["export_final"], data=data, model=model,
-                     optimizer=optimizer, train=train, mesh=mesh, pretrain=pretrain, batch=None,
-                     config_json=config_dict(config))
+                     export_best=top["export_best"], export_final=top["export_final"], task_options=options,
+                     data=data, model=model, optimizer=optimizer, train=train, mesh=mesh, pretrain=pretrain, batch=None,
+                     config_json=config_json)
     task = _task(plan, problems)
     refuse(problems)
     plan = dataclasses.replace(plan, batch=_batch_plan(data, train, mesh, task, processes, process_index, training,
@@ -296,9 +341,6 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
                         "training examples; give one")
     p = plan.pretrain
     if training and p is not None:
-        if p.max_predictions > plan.data.max_seq_length:
-            problems.append(f"{flag('pretrain.max_predictions', p.max_predictions)}: more predictions than "
-                            f"data.max_seq_length ({plan.data.max_seq_length}) tokens")
         if not p.examples_dir and not any(p.corpus):
             problems.append(f"{flag('pretrain.corpus', tuple(p.corpus))}: no corpus files and no "
                             "pretrain.examples_dir: nothing to pretrain on")
@@ -330,13 +372,14 @@ def check_paths(plan: P.RunPlan, workdir: str | None = None) -> None:
     error naming the key and path, before anything is read, written or computed."""
     from nli_jax import storage
     values = {"data.source": plan.data.source, "data.tfds_dir": plan.data.tfds_dir,
-              "data.translate_train_source": plan.data.translate_train_source,
               "data.train_subset": plan.data.train_subset, "model.init": plan.model.init,
               "model.tokenizer": plan.model.tokenizer}
     if plan.pretrain is not None:
         values.update({"pretrain.corpus": plan.pretrain.corpus, "pretrain.examples_dir": plan.pretrain.examples_dir})
+    for name in type(plan.task_options).path_fields():
+        values[f"task_options.{name}"] = getattr(plan.task_options, name)
     named = [("--workdir", workdir)] if workdir else []
-    for key in PATH_KEYS:
+    for key in (*PATH_KEYS, *(k for k in values if k.startswith("task_options."))):
         value = values.get(key, "")
         for item in ([value] if isinstance(value, str) else list(value or ())):
             if item and (":" in item.split("/")[0]):  # a URL; hub ids and local paths have no scheme

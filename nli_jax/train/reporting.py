@@ -34,9 +34,13 @@ def setup_logging(workdir: str) -> None:
 
 
 class Reporter:
-    def __init__(self, workdir: str, total_steps: int, start_step: int, *, flops_per_token: float = 0.0,
+    """The training log, metrics.jsonl and TensorBoard: loss, learning rate, gradient norm,
+    throughput, MFU, and every scalar the task names (Task.training_scalars: name, numerator and
+    denominator among its loss's metric sums)."""
+
+    def __init__(self, workdir: str, total_steps: int, start_step: int, *, scalars=(), flops_per_token: float = 0.0,
                  peak_flops: float = 0.0):
-        self.workdir = workdir
+        self.workdir, self.named = workdir, tuple(scalars)
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.total_steps = total_steps
         self.start_step = start_step
@@ -60,12 +64,10 @@ class Reporter:
         scalars = {"train/loss": float(sums["loss_sum"]) / weight,
                    "train/lr": float(sums["lr"]), "train/grad_norm": float(sums["grad_norm"]),
                    "train/examples_per_s": self.examples / elapsed, "train/tokens_per_s": self.tokens / elapsed}
-        if "correct" in sums:
-            scalars["train/accuracy"] = float(sums["correct"]) / weight
-        for name in ("mlm", "sentence"):  # pretraining: accuracy over masked tokens / sentence pairs
-            if f"{name}_weight" in sums:
-                scalars[f"train/{name}_accuracy"] = float(sums[f"{name}_correct"]) / max(float(sums[f"{name}_weight"]), 1.0)
-                scalars[f"train/{name}_loss"] = float(sums[f"{name}_loss_sum"]) / max(float(sums[f"{name}_weight"]), 1.0)
+        named = [name for name, numerator, denominator in self.named if numerator in sums and denominator in sums]
+        for name, numerator, denominator in self.named:
+            if name in named:
+                scalars[f"train/{name}"] = float(sums[numerator]) / max(float(sums[denominator]), 1.0)
         if self.peak_flops > 0:
             scalars["train/mfu"] = scalars["train/tokens_per_s"] * self.flops_per_token / self.peak_flops
         done = step - self.start_step
@@ -74,8 +76,8 @@ class Reporter:
         if jax.process_index() == 0:
             with open(storage.synced_local_file(os.path.join(self.workdir, "metrics.jsonl")), "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, "epoch": round(epoch, 4), **scalars}) + "\n")
-        extra = "".join(f" {k[6:]} {scalars[k]:.3f}" for k in ("train/accuracy", "train/mlm_accuracy",
-                                                              "train/sentence_accuracy", "train/mfu") if k in scalars)
+        extra = "".join(f" {k[6:]} {scalars[k]:.3f}" for k in (*(f"train/{n}" for n in named), "train/mfu")
+                        if k in scalars)
         log.info("step %d/%d (epoch %.2f) loss %.4f%s lr %.2e | %.1f examples/s %.0f tokens/s | ETA %s",
                  step, self.total_steps, epoch, scalars["train/loss"], extra,
                  scalars["train/lr"], scalars["train/examples_per_s"], scalars["train/tokens_per_s"], _duration(eta))

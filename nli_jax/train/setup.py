@@ -127,27 +127,51 @@ def _check_same_vocabulary(tokenizer, tokenizer_path: str, model_dir: str) -> No
 
 # --- the run --------------------------------------------------------------------------------
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+    """What a run's compiled steps are built from: its plan (accumulation, step dtype), the bound
+    task (loss, predictions), the model's structure without its parameters, and the shardings of
+    parameters and batches on the mesh. launch.compile builds one from abstract shapes alone."""
+    plan: RunPlan
+    task: Any
+    graphdef: Any
+    rest: Any
+    param_shardings: Any
+    batch_sharding: Any
+    mesh: Any
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSetup:
-    """Everything a run needs before its first step: plan, task, data, tokenizer, model, mesh,
-    shardings, batching and the evaluator (with its jitted step)."""
+    """Everything a run needs before its first step, fixed from then on: plan, bound task, data,
+    tokenizer, model and its placed parameters, batching, the steps' set-up and the evaluator
+    (with its jitted step)."""
     plan: RunPlan
     workdir: str
-    task: Any
+    task: Any  # bound (Task.bind): labels and tokenizer values fixed
     splits: dict
     tokenizer: Any
     model: Any
-    encode: Callable
-    batching: Any  # nli_jax.data.pipeline.Batching (or the task's own, e.g. MLM masking)
-    mesh: Any
-    batch_sharding: Any
-    graphdef: Any
-    rest: Any
     params: dict  # placed by the logical-axis rules
-    param_shardings: Any
+    encode: Callable
+    batching: pipeline.BatchingProtocol
+    steps: StepSetup
     evaluator: evaluation.Evaluator
     tokenizer_dir: str | None = None
     model_dir: str | None = None
+    hooks: tuple = ()  # nli_jax.train.hooks: what the run does besides training (chosen by the plan)
+
+    @property
+    def mesh(self):
+        return self.steps.mesh
+
+    @property
+    def batch_sharding(self):
+        return self.steps.batch_sharding
+
+    @property
+    def param_shardings(self):
+        return self.steps.param_shardings
 
     @property
     def label_names(self) -> list[str] | None:
@@ -158,9 +182,10 @@ class RunSetup:
         """One split of the run's data evaluated: report, prediction records, outputs."""
         return self.evaluator.evaluate(params, split, self.splits[split])
 
-    def predict(self, params, examples: list[dict], name: str, temperature: float | None = None) -> list[dict]:
-        """Prediction records (label names) for examples that may have no gold labels."""
-        return self.evaluator.predict(params, examples, name, temperature)
+    def predict(self, params, examples: list[dict], name: str) -> tuple[list[dict], dict]:
+        """(prediction records with label names, per-example outputs) for examples that may have
+        no gold labels."""
+        return self.evaluator.predict(params, examples, name)
 
 
 def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
@@ -171,14 +196,10 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
     model.init (a Hugging Face checkpoint to evaluate as it is); `checked`: the result of
     `model_inputs` when the caller has it already."""
     checked = checked or model_inputs(plan, model_init)
-    task, tokenizer = checked.task, checked.tokenizer
+    tokenizer = checked.tokenizer
     if splits is None:
-        splits = task.load(workdir)
-    if labels is not None:
-        fixed = type(task).__dict__.get("labels") or getattr(type(task), "labels", ())
-        if fixed and tuple(fixed) != tuple(labels):
-            raise RunError(f"the checkpoint's labels {list(labels)} are not task {task.name!r}'s {list(fixed)}")
-        task.labels = tuple(labels)
+        splits = checked.task.load(workdir)
+    task = checked.task.bind(tokenizer, splits, labels)
 
     encode = task.encoder(tokenizer)
     sample_split = next((s for s in (task.train_split, task.validation_split, *splits) if s in splits), None)
@@ -191,24 +212,22 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
     batching = task.batching(tokenizer, plan.batch)
-    batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-    eval_step = jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh)
-    evaluator = evaluation.Evaluator(task, encode, batching, plan.batch, eval_step, batch_sharding,
-                                     predict_step=evaluation.predict_step(graphdef, rest, task, param_shardings,
-                                                                          batch_sharding, mesh))
+    steps = StepSetup(plan, task, graphdef, rest, param_shardings, mesh_lib.batch_sharding(mesh, plan.mesh.rules), mesh)
+    evaluator = evaluation.Evaluator(task, encode, batching, plan.batch, jit_eval_step(steps), steps.batch_sharding,
+                                     predict_step=evaluation.predict_step(steps))
     return RunSetup(plan=plan, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
-                    encode=encode, batching=batching, mesh=mesh, batch_sharding=batch_sharding, graphdef=graphdef,
-                    rest=rest, params=params, param_shardings=param_shardings, evaluator=evaluator,
+                    params=params, encode=encode, batching=batching, steps=steps, evaluator=evaluator,
                     tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
 
 
-def jit_eval_step(graphdef, rest, task, param_shardings, batch_sharding, mesh):
+def jit_eval_step(steps: StepSetup):
     """The run's evaluation step under jit: (params, batch) -> (metric sums, predictions), both
     replicated. The one evaluation runs and launch.compile compiles for a TPU topology."""
-    return jax.jit(make_eval_step(graphdef, rest, task), in_shardings=(param_shardings, batch_sharding),
-                   out_shardings=mesh_lib.replicated(mesh),
-                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(mesh)))
+    return jax.jit(make_eval_step(steps.graphdef, steps.rest, steps.task),
+                   in_shardings=(steps.param_shardings, steps.batch_sharding),
+                   out_shardings=mesh_lib.replicated(steps.mesh),
+                   compiler_options=compilation.forward_compiler_options(mesh_lib.platform(steps.mesh)))
 
 
 def training_examples(plan: RunPlan, task, splits: dict):

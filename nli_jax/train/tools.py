@@ -17,7 +17,7 @@ from nli_jax.checkpoints.hf import read_config
 from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
-from nli_jax.train import calibrate
+from nli_jax.train import hooks as hooks_lib
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
@@ -25,8 +25,9 @@ from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.reporting import log, setup_logging, write_json, write_jsonl
 from nli_jax.train.setup import model_inputs, prepare
 
-# What must match between the run that trained a checkpoint and the config that evaluates it.
-_MODEL_KEYS = ("task", "model.", "data.max_seq_length", "data.hypothesis_only", "data.word_alignment")
+# What must match between the run that trained a checkpoint and the config that evaluates it
+# (and the task's options declared with option(..., model_input=True)).
+_MODEL_KEYS = ("task", "model.", "data.max_seq_length")
 
 
 def host_params(params):
@@ -39,14 +40,14 @@ def host_params(params):
     return jax.device_get(params)
 
 
-def export(run, params, directory: str, *, temperature: float | None = None) -> str:
+def export(run, params, directory: str, *, fields: dict | None = None) -> str:
     """`params` as a Hugging Face directory (config with id2label names, weights, tokenizer; the
-    calibration temperature as config.json's nli_jax.temperature). Every process calls it (the
-    gather is collective); process 0 writes."""
+    run hooks' `fields`, e.g. the calibration temperature, as config.json's nli_jax). Every
+    process calls it (the gather is collective); process 0 writes."""
     nnx.update(run.model, nnx.State(host_params(params)))
     if jax.process_index() == 0:
         run.model.save_pretrained(directory, tokenizer=run.tokenizer, label_names=run.label_names,
-                                  extra={"temperature": temperature} if temperature is not None else None)
+                                  extra=dict(fields) if fields else None)
     return directory
 
 
@@ -68,8 +69,12 @@ def resolve_checkpoint(path: str) -> dict:
 
 def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, splits=None):
     """RunSetup and best parameters of a run's workdir, refusing a config whose model differs."""
-    ours, theirs = workdir_lib.flatten(plan.config_json), workdir_lib.flatten(saved_config)
-    differing = sorted(k for k in set(ours) | set(theirs) if k.startswith(_MODEL_KEYS) and ours.get(k) != theirs.get(k))
+    from nli_jax.plan import upgrade_config_json
+    options = type(plan.task_options)
+    model_keys = (*_MODEL_KEYS, *(f"task_options.{name}" for name in options.model_input_fields()))
+    ours = workdir_lib.flatten(plan.config_json)
+    theirs = workdir_lib.flatten(upgrade_config_json(saved_config, options))
+    differing = sorted(k for k in set(ours) | set(theirs) if k.startswith(model_keys) and ours.get(k) != theirs.get(k))
     if differing:
         raise RunError(f"{checkpoint} was trained with a different model or task config: " + "; ".join(
             f"{k}: {theirs.get(k)!r} (run) vs {ours.get(k)!r} (given)" for k in differing[:10]))
@@ -155,15 +160,11 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
     if not eval_splits:
         raise RunError(f"nothing to evaluate: none of eval_splits {list(plan.eval_splits)} is in the data "
                        "and no files were given")
-    temperature = calibrate.read_temperature(checkpoint)  # checked before any compute
+    hooks = hooks_lib.for_checkpoint(plan, checkpoint)  # their files (a temperature) checked before any compute
     with workdir_lib.lock(workdir, "finetune.evaluate"):
         setup_logging(workdir)
         run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
-        if extra:
-            run.splits = splits
-        results, records = final_evaluation(run, params, eval_splits, temperature=temperature)
-        if temperature is not None:
-            results["calibration"] = {"temperature": temperature, "from": checkpoint}
+        results, records = final_evaluation(run, params, eval_splits, hooks=hooks)
         results["checkpoint"] = checkpoint
         results["files"] = files
         write_json(os.path.join(workdir, "results.json"), results)
@@ -177,10 +178,10 @@ def export_checkpoint(config, checkpoint: str, output: str, *, allow_unfinished:
     if resolve_checkpoint(checkpoint)["kind"] != "run":
         raise RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {workdir_lib.CONFIG_FILE})")
     _check_checkpoint(checkpoint, output, "--output", allow_unfinished, create_task(plan))
-    temperature = calibrate.read_temperature(checkpoint)
+    hooks = hooks_lib.for_checkpoint(plan, checkpoint)
     with workdir_lib.lock(output, "finetune.export"):
         run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
-        export(run, params, output, temperature=temperature)
+        export(run, params, output, fields=hooks_lib.export_fields(hooks))
     return output
 
 
@@ -194,13 +195,16 @@ def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str
     task = create_task(plan)
     _check_checkpoint(checkpoint, output_dir, "--output", allow_unfinished, task)
     inputs = {name: task.read_file(path, labelled=False) for name, path in files.items()}
-    temperature = calibrate.read_temperature(checkpoint)
+    hooks = hooks_lib.for_checkpoint(plan, checkpoint)
     with workdir_lib.lock(output_dir, "finetune.predict"):
         setup_logging(output_dir)
         run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
         records = []
         for name, examples in inputs.items():
-            records.extend(run.predict(params, examples, name, temperature))
+            predicted, outputs = run.predict(params, examples, name)
+            for hook in hooks:
+                predicted = hook.predictions(predicted, outputs)
+            records.extend(predicted)
             log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
         write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
     return records
