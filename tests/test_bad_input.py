@@ -172,7 +172,7 @@ class restored_afterwards:
     ("optimizer.b2=1.0", "optimizer.b2", "must be < 1"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio", "must be < 1"),
     ("model.overrides.hidden_dropout_prob=1.0", "model.overrides.hidden_dropout_prob", "must be < 1"),
-    ("data.word_alignment='last'", "data.word_alignment", "must be one of ['average', 'first']"),
+    ("task_options.word_alignment='last'", "task_options.word_alignment", "must be one of ['average', 'first']"),
     ("train.accumulation_steps=3", "train.batch_size", "accumulation_steps"),  # 16 % 3
     ("eval_splits=('validaton',)", "eval_splits", "is not a split of task 'indonli'"),
     ("seeds=(1,1)", "seeds", "listed twice"),
@@ -225,7 +225,7 @@ def test_max_seq_length_below_what_a_pair_needs_is_refused(tmp_path, tfds_dir):
     message = refused(tmp_path / "work", config_with("data.max_seq_length=2", tfds_dir=tfds_dir))
     assert "--config.data.max_seq_length=2: too short" in message and "needs at least 5 tokens" in message
     # Hypothesis-only needs [CLS] h [SEP]: 3.
-    message = refused(tmp_path / "ho", config_with("data.max_seq_length=2", "data.hypothesis_only=True",
+    message = refused(tmp_path / "ho", config_with("data.max_seq_length=2", "task_options.hypothesis_only=True",
                                                    tfds_dir=tfds_dir))
     assert "needs at least 3 tokens" in message
 
@@ -267,8 +267,8 @@ def test_pretraining_relations_are_checked(tmp_path):
     from nli_jax.train import cli
     from nli_jax.train.planner import build_plan
     config = indobert_lite_base.get_config("cpu_test")
-    cli.apply_overrides(config, ["pretrain.max_predictions=100"])
-    with pytest.raises(ConfigValueError, match=r"--config.pretrain.max_predictions=100: more predictions than"):
+    cli.apply_overrides(config, ["task_options.max_predictions=100"])
+    with pytest.raises(ConfigValueError, match=r"--config.task_options.max_predictions=100: more predictions than"):
         build_plan(config)
     config = indobert_lite_base.get_config("phase=1")  # the real recipe needs a tokenizer and a corpus
     with pytest.raises(ConfigValueError, match=r"model.tokenizer.*pretrain.corpus"):

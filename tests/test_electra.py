@@ -187,10 +187,10 @@ def test_electra_small_configs_carry_the_papers_recipe(variant, batch, lr, steps
     from conftest import config_for
     from nli_jax.train.planner import build_plan
     plan = build_plan(config_for(f"pretrain.electra_small:{variant}"), training=False)
-    assert plan.task == "electra" and plan.pretrain.discriminator_weight == 50.0
+    assert plan.task == "electra" and plan.task_options.discriminator_weight == 50.0
     assert (plan.batch.global_batch, plan.optimizer.lr, plan.train.max_steps, plan.data.max_seq_length,
-            plan.pretrain.generator_fraction) == (batch, lr, steps, length, fraction)
-    assert plan.pretrain.sentence_task == "none" and not plan.pretrain.whole_word
+            plan.task_options.generator_fraction) == (batch, lr, steps, length, fraction)
+    assert plan.pretrain.sentence_task == "none" and not plan.task_options.whole_word
     assert plan.model.preset == ("tiny-electra" if variant == "cpu_test" else "electra-small")
 
 
@@ -268,8 +268,8 @@ def _refusal(workdir, *overrides, config="configs/pretrain/electra_small.py:cpu_
 
 
 def test_a_generator_larger_than_the_discriminator_is_refused(tmp_path):
-    stderr = _refusal(tmp_path / "w", "--config.pretrain.generator_fraction=1.5")
-    assert "pretrain.generator_fraction" in stderr and "1.5" in stderr
+    stderr = _refusal(tmp_path / "w", "--config.task_options.generator_fraction=1.5")
+    assert "task_options.generator_fraction" in stderr and "1.5" in stderr
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from nli_jax.pretraining.corpus import normalise_twitter, prepare_corpus, split_sentences
 from nli_jax.pretraining.examples import ExampleSource, _segment_pairs, create_examples
-from nli_jax.pretraining.masking import MaskingConfig, continuation_table, mask_batch
+from nli_jax.pretraining.masking import MaskingConfig, MaskingRule, continuation_table, mask_batch, ngram_span_lengths
 from nli_jax.pretraining.vocab import load_fast_tokenizer, train_vocabulary
 
 
@@ -153,7 +153,9 @@ def masked_real_batches(real_text):
 
 
 def _cfg(vocab, **kw):
-    return MaskingConfig(max_seq_length=128, max_predictions=20, vocab_size=len(vocab), cls_id=vocab.index("[CLS]"),
+    rule = MaskingRule(unit="word" if kw.pop("whole_word", False) else "token",
+                       span_lengths=ngram_span_lengths(kw.pop("max_ngram", 1)), max_predictions=20)
+    return MaskingConfig(rule=rule, max_seq_length=128, vocab_size=len(vocab), cls_id=vocab.index("[CLS]"),
                          sep_id=vocab.index("[SEP]"), mask_id=vocab.index("[MASK]"), pad_id=0, **kw)
 
 
@@ -362,7 +364,8 @@ def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):
     source = ExampleSource(str(tmp_path / "examples"), "train")
     tokenizer = load_tokenizer(vocab_dir)
     vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
-    cfg = MaskingConfig(max_seq_length=64, max_predictions=10, vocab_size=len(vocab), cls_id=vocab.index("[CLS]"),
+    cfg = MaskingConfig(rule=MaskingRule(max_predictions=10), max_seq_length=64, vocab_size=len(vocab),
+                        cls_id=vocab.index("[CLS]"),
                         sep_id=vocab.index("[SEP]"), mask_id=vocab.index("[MASK]"), pad_id=0)
     table, rng, steps, batch_size, lr = continuation_table(vocab), np.random.default_rng(0), 60, 16, 2e-3
     batches = [mask_batch(source.get_many(rng.integers(0, len(source), batch_size).tolist()), np.random.default_rng(s),
@@ -448,7 +451,7 @@ def test_the_cpu_learn_variant_carries_the_measured_recipe():
     c = indobert_base.get_config("cpu_learn")
     o = c.model.overrides
     assert (o.hidden_size, o.num_hidden_layers, o.num_attention_heads, o.hidden_dropout_prob) == (128, 2, 2, 0.0)
-    assert (c.data.max_seq_length, c.pretrain.max_predictions, c.pretrain.sentence_task) == (32, 5, "none")
+    assert (c.data.max_seq_length, c.task_options.max_predictions, c.pretrain.sentence_task) == (32, 5, "none")
     assert (c.train.batch_size, c.train.max_steps, c.model.dtype) == (64, 10_000, "float32")
     opt = c.optimizer
     assert (opt.name, opt.lr, opt.warmup_steps, opt.schedule, opt.b2) == ("adamw", 1e-3, 1000, "constant", 0.98)
@@ -457,7 +460,7 @@ def test_the_cpu_learn_variant_carries_the_measured_recipe():
     assert (e.task, e.model.preset, e.pretrain.sentence_task, e.data.max_seq_length) == ("electra", "electra-small", "none", 32)
     assert "hidden_size" not in e.model.overrides and e.model.overrides.max_position_embeddings == 128
     assert (e.optimizer.lr, e.optimizer.warmup_steps, e.optimizer.b2, e.train.batch_size) == (5e-4, 1000, 0.98, 64)
-    assert e.pretrain.generator_fraction == 0.25 and e.pretrain.discriminator_weight == 50.0
+    assert e.task_options.generator_fraction == 0.25 and e.task_options.discriminator_weight == 50.0
     for bad in ((indobert_base, "cpu_learn,phase=2"), (indobert_lite_base, "cpu_learn")):
         with pytest.raises(ValueError, match="cpu_learn is a phase-1 recipe from scratch for BERT and ELECTRA"):
             bad[0].get_config(bad[1])

@@ -85,7 +85,7 @@ def test_word_alignment_first_and_average(minilm_dir):
     assert len(pieces[1]) > 1, "need a word split into several sub-tokens"
     for alignment in ("first", "average"):
         task = task_for(config_for("indonlu:task=nerp,cpu_test", "data.max_seq_length=32",
-                                   f"data.word_alignment={alignment}"))
+                                   f"task_options.word_alignment={alignment}"))
         task.labels = ("B-PPL", "O")
         features = task.encoder(tokenizer)(example)
         index = features["word_index"]
@@ -165,14 +165,13 @@ def test_task_results_match_seqeval_on_written_predictions(benchmark_run):
 
 
 def _nli_config(task, shared_data, tmp_path, **data):
-    c = finetune_common.base_config()
+    c = finetune_common.base_config(task)
     finetune_common.apply_nli_cpu_test(c)
-    c.task = task
     c.data.tfds_dir = str(tmp_path / "tfds")
     c.train.max_steps = 4
     c.train.log_every_steps = 2
-    for k, v in data.items():
-        c.data[k] = v
+    for k, v in data.items():  # the data section's keys, or the task's own options
+        (c.data if k in c.data else c.task_options)[k] = v
     # Only splits the task can have: a name it never has (a typo) is refused before compute.
     from conftest import task_for
     c.eval_splits = tuple(s for s in ("validation", "test", "topic_ood") if s in task_for(c).possible_splits())
@@ -219,7 +218,7 @@ def test_translate_train_trains_on_mt_and_evaluates_on_indonli(shared_data, tmp_
     c = _nli_config("indonli_translate_train", shared_data, tmp_path, source=str(shared_data / "indonli"),
                     translate_train_source=str(shared_data / "indonli_translate_train_small"))
     assert len(task_for(c).load()["train"]) == 10330
-    c.data.mix_indonli_train = True
+    c.task_options.mix_indonli_train = True
     assert len(task_for(c).load()["train"]) == 10330 + 10330
     results = train_and_evaluate(c, str(tmp_path / "run"))
     assert results["splits"]["validation"]["count"] == 2197

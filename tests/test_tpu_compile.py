@@ -160,7 +160,7 @@ def test_fsdp_keeps_activations_split_over_the_batch(tmp_path):
     steps = {}
     for mesh in ("{'data': 4}", "{'data': 1, 'fsdp': -1}"):
         config = config_for("pretrain.indobert_base:cpu_test", f"mesh.shape={mesh}", "model.preset=small-bert",
-                            "train.batch_size=256", "data.max_seq_length=128", "pretrain.max_predictions=20")
+                            "train.batch_size=256", "data.max_seq_length=128", "task_options.max_predictions=20")
         steps[mesh] = aot.compile_run(config, "v4-8", eval_step=False)["train_step"]
     data, fsdp = steps["{'data': 4}"], steps["{'data': 1, 'fsdp': -1}"]
     assert fsdp["temporaries_gib"] < 1.3 * data["temporaries_gib"], (fsdp["temporaries_gib"], data["temporaries_gib"])
