@@ -7,11 +7,12 @@ Variants shrink only what must shrink for a CPU:  --config=configs/indonli_large
 import ml_collections
 
 from nli_jax.plan import MESH_RULES, default_config  # noqa: F401  (MESH_RULES: the shipped rules)
+from nli_jax.tasks import options_config
 
 
 def base_config(task: str = "indonli", **options) -> ml_collections.ConfigDict:
     """Every key of a run of `task`, with its default; `options` set over the task's own."""
-    return default_config(task, options)
+    return default_config(task, options_config(task, **options))
 
 
 def parse_arg(arg: str | None) -> dict:

@@ -66,6 +66,7 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     """Runs (or, when finished, reads) one training run: {"status": "finished"|"failed"|"skipped",
     "results" | "error", "seconds"}. Exceptions become "failed", except for the canary failing
     before its training began (see the module docstring), which is re-raised."""
+    from nli_jax.tasks import options_class
     from nli_jax.train.loop import train_and_evaluate
     from nli_jax.train.planner import config_dict
     from nli_jax.workdir import check_config
@@ -74,7 +75,7 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     if storage.isfile(results_path):
         try:
             # A finished run of another config is not this command's result.
-            check_config(workdir, config_dict(config))
+            check_config(workdir, config_dict(config), options_class(config.task))
         except ValueError as e:
             if canary:
                 log.error("%s: finished by a different config; stopping before any compute", workdir)

@@ -385,13 +385,12 @@ def section_defaults(cls) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
-def default_config(task: str = "indonli", options: dict | None = None, *, pretrain: bool = False):
+def default_config(task: str, task_options: dict, *, pretrain: bool = False):
     """Every key a run's config has, with its default, as an ml_collections ConfigDict: the
-    sections above, `task_options` from the task's options class (with `options` set over its
-    defaults), and `pretrain` when asked for. configs/finetune_common.py starts every recipe
-    from this."""
+    sections above, the task's options as given (nli_jax.tasks.options_config: its options
+    class's defaults), and `pretrain` when asked for. configs/finetune_common.py starts every
+    recipe from this."""
     import ml_collections
-    from nli_jax.tasks import options_config
     c = ml_collections.ConfigDict()
     c.task = task
     c.eval_splits = ("validation",)
@@ -400,7 +399,7 @@ def default_config(task: str = "indonli", options: dict | None = None, *, pretra
     # id2label); also later with `python -m finetune.export`.
     c.export_best = False
     c.export_final = False  # the final parameters as a Hugging Face directory (<workdir>/export): pretraining
-    c.task_options = options_config(task, **(options or {}))
+    c.task_options = ml_collections.ConfigDict(dict(task_options))
     for name, cls in (("data", DataPlan), ("model", ModelPlan), ("optimizer", OptimizerPlan), ("train", TrainPlan)):
         c[name] = ml_collections.ConfigDict(section_defaults(cls))
     model = section_defaults(ModelPlan)

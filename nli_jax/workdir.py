@@ -73,20 +73,21 @@ def flatten(config_json: dict) -> dict:
     return flat
 
 
-def _defaults(task: str) -> dict:
+def _defaults(task: str, options) -> dict:
     """Every key's default (nli_jax.plan: the sections', the pretraining section's and the task's
-    options')."""
-    from nli_jax.plan import default_config
-    return flatten(default_config(task, pretrain=True).to_dict())
+    `options` class's)."""
+    from nli_jax.plan import default_config, section_defaults
+    return flatten(default_config(task, section_defaults(options), pretrain=True).to_dict())
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
+def config_differences(saved: dict, current: dict, options=None) -> list[str]:
     """'key: saved -> current' for every key that differs, except the resumable ones and keys
     the saved config lacks that the current one gives its default. An older nli-jax's keys are
-    read where they are now (nli_jax.plan.upgrade_config_json)."""
-    from nli_jax.plan import LEGACY_VALUES, upgrade_config_json
-    from nli_jax.tasks import options_class
-    saved = upgrade_config_json(saved, options_class(str(saved.get("task", ""))))
+    read where they are now (nli_jax.plan.upgrade_config_json), for the current run's task
+    `options` class (a TaskOptions subclass; none: NoOptions)."""
+    from nli_jax.plan import LEGACY_VALUES, NoOptions, upgrade_config_json
+    options = options or NoOptions
+    saved = upgrade_config_json(saved, options)
     # An older nli-jax's value for a key is the same run as today's spelling of it (remat: false = "none").
     ours, theirs = ({key: LEGACY_VALUES.get(key, lambda v: v)(value) for key, value in flatten(c).items()}
                     for c in (current, saved))
@@ -96,19 +97,20 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         if key.startswith(RESUMABLE_CHANGES) or ours.get(key) == theirs.get(key):
             continue
         if key not in theirs:
-            defaults = _defaults(str(current.get("task", ""))) if defaults is None else defaults
+            defaults = _defaults(str(current.get("task", "")), options) if defaults is None else defaults
             if key in defaults and defaults[key] == ours[key]:
                 continue  # added after that run: the default is what it ran with
         out.append(f"{key}: {theirs.get(key)!r} -> {ours.get(key)!r}")
     return out
 
 
-def check_config(workdir: str, config_json: dict) -> None:
-    """Refuses to resume or overwrite a workdir written by a different config, naming the keys."""
+def check_config(workdir: str, config_json: dict, options=None) -> None:
+    """Refuses to resume or overwrite a workdir written by a different config, naming the keys
+    (`options`: the run's task options class, to read an older config.json's keys)."""
     previous = read_config(workdir)
     if previous is None:
         return
-    differing = config_differences(previous, config_json)
+    differing = config_differences(previous, config_json, options)
     if differing:
         raise WorkdirConfigError(f"workdir {workdir} holds a run with a different config ({'; '.join(differing[:20])}). "
                                  "Use a new --workdir, or delete the old one to start over.")

@@ -172,7 +172,6 @@ class restored_afterwards:
     ("optimizer.b2=1.0", "optimizer.b2", "must be < 1"),
     ("optimizer.warmup_ratio=1.5", "optimizer.warmup_ratio", "must be < 1"),
     ("model.overrides.hidden_dropout_prob=1.0", "model.overrides.hidden_dropout_prob", "must be < 1"),
-    ("task_options.word_alignment='last'", "task_options.word_alignment", "must be one of ['average', 'first']"),
     ("train.accumulation_steps=3", "train.batch_size", "accumulation_steps"),  # 16 % 3
     ("eval_splits=('validaton',)", "eval_splits", "is not a split of task 'indonli'"),
     ("seeds=(1,1)", "seeds", "listed twice"),

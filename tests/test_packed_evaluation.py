@@ -141,7 +141,7 @@ def test_packed_tagging_word_logits_equal_the_padded_ones(tmp_path, shared_data,
         evaluations[packing] = run.evaluator.evaluate(run.params, "validation", source)
         data = run.evaluator._splits["validation"]
         dummy = dict(data.encode(data.examples[0]), idx=np.int32(-1))
-        model = nnx.merge(run.graphdef, run.params, run.rest)
+        model = nnx.merge(run.steps.graphdef, run.params, run.steps.rest)
         logits_fn = jax.jit(lambda b: run.task.word_logits(model, b, True))
         per_example = {}
         for batch in pipeline.eval_batches(data.examples, data.encode, run.batching, local_batch_size=16,

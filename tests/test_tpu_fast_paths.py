@@ -18,7 +18,11 @@ from nli_jax.train.optimizers import make_optimizer
 
 
 def one_step(step_param_dtype: str):
-    task = task_for(config_for("indonli_large:cpu_test"))
+    from nli_jax.train.planner import build_plan
+    from nli_jax.train.setup import StepSetup
+    config = config_for("indonli_large:cpu_test", f"model.step_param_dtype='{step_param_dtype}'", "optimizer.lr=1e-3",
+                        "train.seed=0")
+    task = task_for(config)
     model = ForSequenceClassification(preset("tiny-bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
                                       num_labels=3, rngs=make_rngs(0))
     mesh = mesh_lib.make_mesh({"data": -1})
@@ -27,8 +31,8 @@ def one_step(step_param_dtype: str):
     params = mesh_lib.put_global(nnx.to_pure_dict(params), shardings)
     tx, schedule = make_optimizer(optimizer_plan(), total_steps=10, steps_per_epoch=10, warmup_steps=0, unit_peak=True)
     batch_sharding = mesh_lib.batch_sharding(mesh, config_for("indonli_large:cpu_test").mesh.rules)
-    state, step = initial_state_and_step(graphdef, rest, params, shardings, mesh, batch_sharding, task, tx, schedule,
-                                         seed=0, accumulation=1, lr_factor=1e-3, step_param_dtype=step_param_dtype)
+    steps = StepSetup(build_plan(config, training=False), task, graphdef, rest, shardings, batch_sharding, mesh)
+    state, step = initial_state_and_step(steps, params, tx, schedule)
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(5, 1000, (8, 16)).astype(np.int32), "attention_mask": np.ones((8, 16), np.int32),
              "token_type_ids": np.zeros((8, 16), np.int32), "label": rng.integers(0, 3, 8).astype(np.int32),

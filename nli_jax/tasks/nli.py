@@ -175,11 +175,22 @@ def _reindex(examples):
     return [dict(e, idx=i) for i, e in enumerate(examples)]
 
 
-# {task: the corpus its training data comes from} (nli_jax.analysis.artifacts reads it).
-TASK_CORPORA = {"indonli": "indonli", "ocnli": "ocnli", "inferes": "inferes",
-                "indonli_translate_train": nli_data.TRANSLATE_TRAIN_SMALL.name}
-register("indonli", options=NLIOptions)(lambda plan: NLITask("indonli", plan.data, plan.task_options))
-register("ocnli", options=OCNLIOptions)(lambda plan: OCNLITask(plan.data, plan.task_options))
-register("inferes", options=InferESOptions)(lambda plan: InferESTask(plan.data, plan.task_options))
-register("indonli_translate_train", options=TranslateTrainOptions)(
+# {task: the corpus its training data comes from} (nli_jax.analysis.artifacts reads it), filled
+# by register_nli.
+TASK_CORPORA: dict[str, str] = {}
+
+
+def register_nli(name: str, options: type[NLIOptions], *, corpus: str):
+    """Registers an NLI task (nli_jax.tasks.base.register) whose training data is `corpus` (an
+    NLICorpus of nli_jax.data.nli), which the artifact analysis reads."""
+    def wrap(factory):
+        TASK_CORPORA[name] = corpus
+        return register(name, options=options)(factory)
+    return wrap
+
+
+register_nli("indonli", NLIOptions, corpus="indonli")(lambda plan: NLITask("indonli", plan.data, plan.task_options))
+register_nli("ocnli", OCNLIOptions, corpus="ocnli")(lambda plan: OCNLITask(plan.data, plan.task_options))
+register_nli("inferes", InferESOptions, corpus="inferes")(lambda plan: InferESTask(plan.data, plan.task_options))
+register_nli("indonli_translate_train", TranslateTrainOptions, corpus=nli_data.TRANSLATE_TRAIN_SMALL.name)(
     lambda plan: TranslateTrainTask(plan.data, plan.task_options))

@@ -38,14 +38,22 @@ def _corpus_files(patterns) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskedLMOptions(TaskOptions):
-    """The masking of masked-LM objectives (BERT: tokens; ALBERT: whole-word n-grams up to 3).
-    An objective with another scheme subclasses these and overrides `masking_rule`."""
+class MaskingOptions(TaskOptions):
+    """What every masking objective's options have; a subclass adds its own and says, in
+    `masking_rule`, which rule (nli_jax.pretraining.masking.MaskingRule) they make."""
     whole_word: bool = option(False)  # units are whole words (a token and its "##" pieces)
-    max_ngram: int = option(1, low=1)  # spans of n <= max_ngram units, p(n) ∝ 1/n (ALBERT: 3)
     mask_prob: float = option(0.15, low=0.0, high=1.0, low_open=True, high_open=True)
     max_predictions: int = option(20, low=1)  # masked tokens per sequence at most (20 at 128, 80 at 512)
     random_token_low: int = option(0, low=0)  # random replacements drawn from [low, vocab size)
+
+    def masking_rule(self) -> MaskingRule:
+        raise NotImplementedError(f"{type(self).__name__} names no masking rule")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLMOptions(MaskingOptions):
+    """BERT's and ALBERT's masking: single tokens, or whole-word n-grams up to 3, p(n) ∝ 1/n."""
+    max_ngram: int = option(1, low=1)  # spans of n <= max_ngram units, p(n) ∝ 1/n (ALBERT: 3)
 
     def masking_rule(self) -> MaskingRule:
         return MaskingRule(unit="word" if self.whole_word else "token", span_lengths=ngram_span_lengths(self.max_ngram),
@@ -66,7 +74,7 @@ class Pretraining(Task):
     continuable_model_types = ("bert", "albert")
     objective = "MLM with an NSP/SOP head, exported as *ForPreTraining"
 
-    def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan, options: MaskedLMOptions):
+    def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan, options: MaskingOptions):
         super().__init__(data, options)
         self.pretrain, self.model = pretrain, model
         self.masking = options.masking_rule()

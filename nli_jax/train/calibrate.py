@@ -130,7 +130,6 @@ def log_summary(results: dict) -> None:
                      c["temperature_scaled"]["ece"], c["temperature"], c["raw"]["nll"], c["temperature_scaled"]["nll"])
 
 
-@hooks.register(lambda plan: True)  # a checkpoint's temperature applies whatever train.calibration says
 class CalibrationHook(hooks.RunHook):
     """Calibration as a run hook. In training (train.calibration): a temperature fitted on the
     validation split at the final evaluation and stored with the best parameters

@@ -158,7 +158,6 @@ class Recorder:
         storage.write_bytes(os.path.join(self.directory, _chunk_name(step)), buffer.getvalue())
 
 
-@hooks.register(lambda plan: plan.train.record_dynamics)
 class DynamicsHook(hooks.RunHook):
     """train.record_dynamics as a run hook: each step's per-example outcomes (or, every
     train.dynamics_every_steps, an evaluation of the whole training split) recorded, and written
@@ -174,7 +173,7 @@ class DynamicsHook(hooks.RunHook):
 
     @classmethod
     def for_training(cls, run, train_source):
-        return cls(run, train_source)
+        return cls(run, train_source) if run.plan.train.record_dynamics else None
 
     def start(self, step):
         self.recorder.start(step)

@@ -19,8 +19,6 @@ and `summarize_seeds(per_seed, summary)` (a classmethod) over a seeds run's resu
 """
 from __future__ import annotations
 
-from typing import Callable
-
 
 class RunHook:
     """A hook's points, each doing nothing by default."""
@@ -48,8 +46,9 @@ class RunHook:
     def summarize_seeds(cls, per_seed: dict[int, dict], summary: dict) -> None:
         pass
 
-    # Construction: for a training run (its set-up and training split), or for a tool reading a
-    # finished run or Hugging Face directory (`checkpoint`); None where the hook has no part.
+    # Construction (nli_jax.train.run_hooks): for a training run (its set-up and training split),
+    # or for a tool reading a finished run or Hugging Face directory (`checkpoint`); None where the
+    # plan does not ask for the hook or it has no part.
     @classmethod
     def for_training(cls, run, train_source) -> "RunHook | None":
         return None
@@ -57,42 +56,3 @@ class RunHook:
     @classmethod
     def for_checkpoint(cls, plan, checkpoint: str) -> "RunHook | None":
         return None
-
-
-# (whether a plan wants it, hook class), in the order hooks run.
-HOOKS: list[tuple[Callable, type[RunHook]]] = []
-
-
-def register(wanted: Callable):
-    """Registers a RunHook class, used in runs whose plan `wanted(plan)` is true."""
-    def wrap(cls):
-        HOOKS.append((wanted, cls))
-        return cls
-    return wrap
-
-
-def classes(plan) -> list[type[RunHook]]:
-    return [cls for wanted, cls in HOOKS if wanted(plan)]
-
-
-def for_training(run, train_source) -> list[RunHook]:
-    """The hooks of a training run (each checks what it needs before any compute)."""
-    return [h for h in (cls.for_training(run, train_source) for cls in classes(run.plan)) if h is not None]
-
-
-def for_checkpoint(plan, checkpoint: str) -> list[RunHook]:
-    """The hooks of a tool reading `checkpoint` (each reads and checks its files before any compute)."""
-    return [h for h in (cls.for_checkpoint(plan, checkpoint) for cls in classes(plan)) if h is not None]
-
-
-def export_fields(hooks) -> dict:
-    """What an export of the parameters records from the hooks (the calibration temperature)."""
-    return {k: v for hook in hooks for k, v in hook.export_fields().items()}
-
-
-def summarize_seeds(plan, per_seed: dict[int, dict], summary: dict) -> None:
-    for cls in classes(plan):
-        cls.summarize_seeds(per_seed, summary)
-
-
-from nli_jax.train import calibrate, dynamics  # noqa: E402,F401  (the built-in hooks register)

@@ -29,7 +29,7 @@ from nli_jax.errors import RunError
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import compilation
-from nli_jax.train import hooks as hooks_lib
+from nli_jax.train import run_hooks
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import planner
@@ -53,12 +53,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
             return run_one(plan, workdir)
         per_seed = {seed: run_one(seed_plan, os.path.join(workdir, f"seed_{seed}"))
                     for seed, seed_plan in seed_plans.items()}
-        summary = aggregate_seeds(per_seed, plan)
+        summary = aggregate_seeds(per_seed)
         write_json(os.path.join(workdir, "results.json"), summary)
         return summary
 
 
-def aggregate_seeds(per_seed: dict[int, dict], plan: RunPlan) -> dict:
+def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     """mean ± std (sample std, ddof=1, as over the papers' random restarts) of every split's
     primary metric, and what the run's hooks summarize (calibration measures)."""
     splits = sorted({s for r in per_seed.values() for s in r["splits"]})
@@ -69,7 +69,7 @@ def aggregate_seeds(per_seed: dict[int, dict], plan: RunPlan) -> dict:
         out["splits"][split] = {metric: {"mean": float(np.mean(values)),
                                          "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                                          "values": values}}
-    hooks_lib.summarize_seeds(plan, per_seed, out)
+    run_hooks.summarize_seeds(per_seed, out)
     out["per_seed"] = {str(s): r for s, r in per_seed.items()}
     return out
 
@@ -96,7 +96,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
         results["export_best"] = export(run, params, os.path.join(workdir, "export_best"),
-                                        fields=hooks_lib.export_fields(run.hooks))
+                                        fields=run_hooks.export_fields(run.hooks))
     write_json(os.path.join(workdir, "results.json"), results)
     write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
     workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=steps.total_steps,
@@ -108,7 +108,7 @@ def checked_setup(plan: RunPlan, workdir: str):
     """(run setup with its hooks, step plan, training examples, the inputs' fingerprint), every
     check passed: the workdir's config and inputs against this run's, the data, the model, the
     steps and the hooks' own (records of another run in the workdir)."""
-    workdir_lib.check_config(workdir, plan.config_json)
+    workdir_lib.check_config(workdir, plan.config_json, type(plan.task_options))
     trained = workdir_lib.has_trained_state(workdir)
     if trained and workdir_lib.read_config(workdir) is None:
         raise RunError(f"workdir {workdir} holds checkpoints or results but no {workdir_lib.CONFIG_FILE}: its config "
@@ -131,7 +131,7 @@ def checked_setup(plan: RunPlan, workdir: str):
     steps = planner.step_plan(plan, len(train_source))
     if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
         run = dataclasses.replace(run, splits=dict(run.splits, train=train_source))
-    run = dataclasses.replace(run, hooks=tuple(hooks_lib.for_training(run, train_source)))
+    run = dataclasses.replace(run, hooks=tuple(run_hooks.for_training(run, train_source)))
     current = dict(known, data=dict(sorted(data_files.items())))
     inputs_lib.check_inputs(workdir, current, trained=trained, parts=("data",))
     if trained and inputs_lib.read_inputs(workdir) is None:

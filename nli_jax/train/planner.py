@@ -89,7 +89,8 @@ def saved_config(workdir: str):
         if isinstance(node, dict):
             return {k: tuples(v) for k, v in node.items()}
         return tuple(tuples(v) for v in node) if isinstance(node, list) else node
-    defaults = P.default_config(saved.get("task", "indonli"), pretrain="pretrain" in saved)
+    task = saved.get("task", "indonli")
+    defaults = P.default_config(task, P.section_defaults(options_class(task)), pretrain="pretrain" in saved)
     return ml_collections.ConfigDict(tuples(merged(config_dict(defaults), saved)))
 
 
@@ -160,8 +161,10 @@ def unknown_key(key: str, known: Sequence[str], owner: str = "nli-jax") -> str:
 
 def task_options(config, task: str, problems: list[str]):
     """The task's options (its registered class) from config.task_options: keys the config lacks
-    take the class's defaults, keys it does not declare are refused, each value checked."""
-    from nli_jax.tasks import TASKS, options_class
+    take the class's defaults, each value is checked, and a key the task does not declare is
+    refused, unless it is another task's option at that task's default (what a config made for
+    another task leaves when --config.task changes the task)."""
+    from nli_jax.tasks import TASK_OPTIONS, TASKS, options_class
     if task not in TASKS:
         return P.NoOptions()  # the unknown task is refused by name
     cls = options_class(task)
@@ -169,11 +172,15 @@ def task_options(config, task: str, problems: list[str]):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key in sorted(node.keys()):
-        if key not in fields:
-            problems.append(unknown_key(f"task_options.{key}", [f"task_options.{n}" for n in sorted(fields)],
-                                        owner=f"task {task!r} (its options: {', '.join(sorted(fields)) or 'none'})"))
-            continue
         value = _tuples(node[key])
+        if key not in fields:
+            owners = sorted(name for name, other in TASK_OPTIONS.items() if key in P.section_defaults(other))
+            if owners and all(P.section_defaults(TASK_OPTIONS[o])[key] == value for o in owners):
+                continue
+            problems.append(unknown_key(f"task_options.{key}", [f"task_options.{n}" for n in sorted(fields)],
+                                        owner=f"task {task!r} (its options: {', '.join(sorted(fields)) or 'none'}"
+                                              + (f"; {key} is an option of {', '.join(owners)}" if owners else "") + ")"))
+            continue
         bad = P.check_of(fields[key]).problem(value)
         if bad:
             problems.append(f"{flag('task_options.' + key, value)}: task_options.{key} {bad}")

@@ -17,7 +17,7 @@ from nli_jax.checkpoints.hf import read_config
 from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
-from nli_jax.train import hooks as hooks_lib
+from nli_jax.train import run_hooks
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
@@ -160,7 +160,7 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
     if not eval_splits:
         raise RunError(f"nothing to evaluate: none of eval_splits {list(plan.eval_splits)} is in the data "
                        "and no files were given")
-    hooks = hooks_lib.for_checkpoint(plan, checkpoint)  # their files (a temperature) checked before any compute
+    hooks = run_hooks.for_checkpoint(plan, checkpoint)  # their files (a temperature) checked before any compute
     with workdir_lib.lock(workdir, "finetune.evaluate"):
         setup_logging(workdir)
         run, params = _checkpoint_setup(plan, workdir, checkpoint, splits=splits if extra else None)
@@ -178,10 +178,10 @@ def export_checkpoint(config, checkpoint: str, output: str, *, allow_unfinished:
     if resolve_checkpoint(checkpoint)["kind"] != "run":
         raise RunError(f"{checkpoint} is not a fine-tuning run directory (with best/ and {workdir_lib.CONFIG_FILE})")
     _check_checkpoint(checkpoint, output, "--output", allow_unfinished, create_task(plan))
-    hooks = hooks_lib.for_checkpoint(plan, checkpoint)
+    hooks = run_hooks.for_checkpoint(plan, checkpoint)
     with workdir_lib.lock(output, "finetune.export"):
         run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
-        export(run, params, output, fields=hooks_lib.export_fields(hooks))
+        export(run, params, output, fields=run_hooks.export_fields(hooks))
     return output
 
 
@@ -195,7 +195,7 @@ def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str
     task = create_task(plan)
     _check_checkpoint(checkpoint, output_dir, "--output", allow_unfinished, task)
     inputs = {name: task.read_file(path, labelled=False) for name, path in files.items()}
-    hooks = hooks_lib.for_checkpoint(plan, checkpoint)
+    hooks = run_hooks.for_checkpoint(plan, checkpoint)
     with workdir_lib.lock(output_dir, "finetune.predict"):
         setup_logging(output_dir)
         run, params = _checkpoint_setup(plan, output_dir, checkpoint, splits={}, need_labels=True)
