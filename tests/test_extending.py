@@ -63,3 +63,32 @@ def test_the_documented_task_trains_and_evaluates_through_the_loop(tmp_path):
     assert len(records) == 40 and {r["prediction"] for r in records} <= {"different", "paraphrase"}
     # Packed training batches come with the ClassificationTask family.
     assert "training batches packed" in (tmp_path / "run" / "train.log").read_text()
+
+
+WORKED_EXAMPLES = {
+    "nli_jax/tasks/tsv_classification.py": {"nli_jax/tasks/tsv_classification.py", "configs/tsv_classification.py",
+                                            "tests/test_tsv_classification.py"},
+    "nli_jax/tasks/span_bert.py": {"nli_jax/tasks/span_bert.py", "configs/pretrain/span_bert.py",
+                                   "tests/test_span_bert.py"},
+}
+
+
+def test_each_worked_example_was_added_as_one_module_one_config_and_its_test():
+    """The proof by diff docs/extending.md gives: the commit that added each worked example touched
+    its module, its config and its test, nothing else of the repository."""
+    import shutil
+    import subprocess
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        import pytest
+        pytest.skip("not a git checkout: the commits cannot be read")
+    text = DOC.read_text(encoding="utf-8")
+    for module, files in WORKED_EXAMPLES.items():
+        added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", module], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.split()
+        if not added:
+            import pytest
+            pytest.skip(f"{module}'s commit is not in this checkout's history (a shallow clone?)")
+        touched = subprocess.run(["git", "show", "--name-only", "--format=", added[-1]], cwd=REPO,
+                                 capture_output=True, text=True, check=True).stdout.split()
+        assert set(touched) == files, (module, touched)
+        assert all(f in text for f in files), f"docs/extending.md does not name {sorted(files)}"

@@ -150,7 +150,8 @@ def test_every_config_override_the_docs_suggest_names_a_key():
     from configs import finetune_common
     from configs.pretrain.common import pretrain_config
     from nli_jax.train.planner import has_key
-    configs = [finetune_common.base_config(), pretrain_config("indobert-base", None)]
+    from nli_jax.tasks import TASKS
+    configs = [*(finetune_common.base_config(task) for task in TASKS), pretrain_config("indobert-base", None)]
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     suggested = {(page.name, m.group(1)) for page in pages if page.name != "errors.md"
                  for m in re.finditer(r"--config\.([A-Za-z_][\w.]*)=", page.read_text(encoding="utf-8"))}
