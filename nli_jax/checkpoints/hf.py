@@ -80,7 +80,10 @@ def _load_torch(file: str) -> dict[str, np.ndarray]:
     # weights_only=True: never unpickle arbitrary objects from a downloaded file.
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
-        return {k: v.detach().float().numpy() for k, v in state.items()}
+        # float16 / bfloat16 widen to float32 exactly; any other dtype (float64, integers) keeps
+        # its own: models.pretrained.load_weights converts or refuses it by name.
+        return {k: (v.detach().float() if v.dtype in (torch.float16, torch.bfloat16) else v.detach()).numpy()
+                for k, v in state.items()}
     except Exception as e:  # truncated or not a state dict
         raise CheckpointError(f"{file}: unreadable PyTorch weights ({type(e).__name__}: {_first_line(e)}); "
                               "the file is damaged or incomplete: download or export it again") from None
@@ -91,6 +94,14 @@ def _first_line(error: BaseException) -> str:
     return text[0][:300] if text else type(error).__name__
 
 
+# Weight dtypes read as float32 (exactly); others are kept for load_weights to convert or refuse.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _widened(array) -> np.ndarray:
+    return np.asarray(array, dtype=np.float32) if array.dtype.name in WEIGHT_DTYPES else np.asarray(array)
+
+
 def _load_safetensors(file: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     out = {}
@@ -99,7 +110,7 @@ def _load_safetensors(file: str) -> dict[str, np.ndarray]:
         # (0.3 s against 1.4 s for a 470 MB checkpoint).
         with safe_open(file, framework="numpy") as f:
             for k in f.keys():
-                out[k] = np.asarray(f.get_tensor(k), dtype=np.float32)
+                out[k] = _widened(f.get_tensor(k))
     except Exception as e:  # SafetensorError (truncated header or data), OSError
         raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {_first_line(e)}); the file "
                               "is damaged or incomplete (size {:,} bytes): download or export it again"
