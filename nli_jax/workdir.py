@@ -309,8 +309,9 @@ def refuse_a_run(directory: str, flag: str) -> None:
 # --- how far a run got --------------------------------------------------------------------
 
 def write_state(workdir: str, state: str, **fields) -> None:
-    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved) or "finished", the step
-    and the best step (process 0)."""
+    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved), "failed" (a step
+    diverged: the reason and the last checkpoint) or "finished", the step and the best step
+    (process 0)."""
     import jax
     if jax.process_index() == 0:
         storage.write_text(os.path.join(workdir, RUN_STATE_FILE),
@@ -338,6 +339,7 @@ def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkp
         return state
     where = {"running": f"is still training, or was killed, at step {state.get('step')} of {state.get('total_steps')}",
              "interrupted": f"was interrupted at step {state.get('step')} of {state.get('total_steps')}",
+             "failed": f"failed at {state.get('reason')} (its last checkpoint: step {state.get('last_checkpoint')})",
              }.get(state["state"], "has not finished (no run.json or results.json)")
     best = f"; its best parameters so far are from step {state.get('best_step')}" if state.get("best_step") else ""
     raise RunError(f"{flag}={workdir}: the run {where}{best}. Rerun its command to finish it, or pass "

@@ -155,3 +155,51 @@ def test_weights_of_an_integer_dtype_are_refused_and_float64_converted_with_a_li
     loaded = ForSequenceClassification.from_pretrained(str(model))
     assert any("1 tensor(s) of float64 converted to float32" in line for line in nli_log), nli_log
     assert loaded.encoder.layers[0].attention.query.kernel[...].dtype == np.float32
+
+
+def corrupting_step(monkeypatch, at_step):
+    """The loop's jitted train step, except that the state it returns at step `at_step` holds a
+    NaN parameter and that step's metrics a NaN loss (a diverging step), as a too-large learning
+    rate or a bad batch makes one."""
+    import jax
+    import jax.numpy as jnp
+
+    from nli_jax.train import loop
+    real = loop.TrainStep.__call__
+
+    def call(self, state, batch):
+        state, metrics = real(self, state, batch)
+        if int(jax.device_get(state["step"])) == at_step:
+            state = dict(state, params=jax.tree.map(lambda x: x * jnp.nan, state["params"]))
+            metrics = dict(metrics, loss_sum=metrics["loss_sum"] * jnp.nan)
+        return state, metrics
+    monkeypatch.setattr(loop.TrainStep, "__call__", call)
+
+
+SHORT = ("train.max_steps=6", "train.checkpoint_every_steps=2", "train.eval_every_steps=2", "train.keep_checkpoints=5",
+         "eval_splits=('validation',)")
+
+
+@pytest.mark.parametrize("log_every", [1, 50])
+def test_a_step_with_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path, tfds_dir, monkeypatch,
+                                                                               log_every):
+    """Before: the loss went nan and the run trained on to "finished" (rc 0). Caught at the log
+    step (log_every 1) or, when no log step comes first (50), before the next checkpoint."""
+    from nli_jax.train.loop import NonFiniteStepError, train_and_evaluate
+    corrupting_step(monkeypatch, at_step=3)
+    workdir = tmp_path / "work"
+    with pytest.raises(NonFiniteStepError) as info:
+        train_and_evaluate(config_with(*SHORT, f"train.log_every_steps={log_every}", tfds_dir=tfds_dir), str(workdir))
+    message = " ".join(str(info.value).split())
+    assert message.startswith("training step 3 of 6 computed loss nan"), message
+    assert "its last checkpoint, step 2, was written before it and is kept" in message
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+    assert sorted(os.listdir(workdir / "best")) == ["2"]
+    state = json.loads((workdir / "run.json").read_text())
+    assert state["state"] == "failed" and state["last_checkpoint"] == 2 and state["reason"].startswith("step 3:")
+    assert not (workdir / "results.json").exists()
+    # The tools see a failed run, not a finished one.
+    from nli_jax.errors import RunError
+    from nli_jax.workdir import require_finished
+    with pytest.raises(RunError, match=r"the run failed at step 3: loss nan .*its last checkpoint: step 2"):
+        require_finished(str(workdir), allow_unfinished=False)

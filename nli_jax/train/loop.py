@@ -14,6 +14,7 @@ predictions.jsonl. What a run does besides (training dynamics, calibration) are 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -184,7 +185,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     _log_start(run, steps, state["params"], len(train_source))
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
     pending, padding = [], _Padding(bookkeeping.get("train_tokens"))
-    with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption:
+    finite = _FiniteSteps(run.workdir, ckpt, step, run_state, bookkeeping)
+    with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption, finite.stops(reporter):
         while step < steps.total_steps and not bookkeeping["stopped_early"]:
             local = next(train_iter)
             real_tokens = int(local["attention_mask"].sum())
@@ -195,23 +197,30 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             outcomes = metrics.pop(PER_EXAMPLE, None)
             for hook in hooks:
                 hook.after_step(step, outcomes, state["params"])
-            pending.append(metrics)
+            pending.append((step, metrics))
+            # The steps' metrics are fetched (and checked finite) at log steps and before anything
+            # is evaluated or saved: no host sync of its own, and a diverged step never reaches a
+            # checkpoint or best/.
             if step % steps.log_every == 0 or step == steps.total_steps:
-                _report(reporter, pending, step, steps)
+                _report(reporter, finite.check(pending), step, steps)
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
+                pending = finite.check(pending)
                 evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping)
                 if bookkeeping["best_step"] == step:
                     best_evaluation = (step, evaluation)
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
             final = step == steps.total_steps or bookkeeping["stopped_early"]
             if step % steps.checkpoint_every == 0 or final:
+                pending = finite.check(pending)
                 for hook in hooks:
                     hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, final=final)
+                finite.saved(step)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
                                         **run_state)
             if preemption.reached(step):
+                pending = finite.check(pending)
                 for hook in hooks:
                     hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, force=True)
@@ -384,9 +393,60 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
                  "per process", run.plan.batch.local_eval_batch, run.batching.eval_packing_groups)
 
 
+class NonFiniteStepError(RunError):
+    """A training step whose loss or gradient norm is NaN or Inf: the run stops, marked failed."""
+
+
+class _FiniteSteps:
+    """The loop's check that every step's loss and gradient norm are finite, made on metrics it
+    fetches anyway (log steps) and before each evaluation and checkpoint, so a diverged step is
+    never saved. `stops` turns the first bad step into one line naming it: the checkpoints
+    written before it are kept, and run.json says "failed" (never "finished")."""
+
+    def __init__(self, workdir: str, ckpt: Checkpointer, step: int, run_state: dict, bookkeeping: dict):
+        self.workdir, self.ckpt, self.run_state, self.bookkeeping = workdir, ckpt, run_state, bookkeeping
+        self.last_saved = step if step else None  # a resumed run's checkpoint
+
+    def saved(self, step: int) -> None:
+        self.last_saved = step
+
+    def check(self, pending: list) -> list:
+        """[(step, metrics)] fetched to the host (device_get: a no-op for fetched values), or a
+        NonFiniteStepError naming the first step whose loss or gradient norm is not finite."""
+        fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
+        for step, metrics in fetched:
+            bad = {k: float(metrics[k]) for k in ("loss_sum", "grad_norm") if k in metrics
+                   and not np.isfinite(metrics[k])}
+            if bad:
+                what = " and ".join(f"{'loss' if k == 'loss_sum' else 'gradient norm'} {v}" for k, v in bad.items())
+                raise NonFiniteStepError(step, what)
+        return fetched
+
+    @contextlib.contextmanager
+    def stops(self, reporter: Reporter):
+        try:
+            yield
+        except NonFiniteStepError as e:
+            step, what = e.args
+            self.ckpt.wait()
+            self.ckpt.close()
+            reporter.close()
+            workdir_lib.write_state(self.workdir, "failed", step=step, last_checkpoint=self.last_saved,
+                                    best_step=self.bookkeeping["best_step"], reason=f"step {step}: {what}",
+                                    **self.run_state)
+            kept = (f"its last checkpoint, step {self.last_saved}, was written before it and is kept"
+                    if self.last_saved else "no checkpoint was written before it")
+            raise NonFiniteStepError(
+                f"training step {step} of {self.run_state['total_steps']} computed {what}: the run diverged and "
+                f"stopped; {kept} (nothing after it was saved) and {self.workdir}/{workdir_lib.RUN_STATE_FILE} "
+                "says failed. Lower optimizer.lr or set optimizer.grad_clip (a new --workdir), or check model.init "
+                "and the data") from None
+
+
 def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> None:
-    """The logged steps' summed metrics (lr and gradient norm of the last one)."""
-    sums = jax.device_get(pending)
+    """The logged steps' summed metrics (lr and gradient norm of the last one); `pending`:
+    [(step, metrics)] as _FiniteSteps.check fetched them."""
+    sums = [metrics for _, metrics in pending]
     total = {k: float(np.sum([m[k] for m in sums])) for k in sums[0] if k not in ("lr", "grad_norm")}
     total.update(lr=float(sums[-1]["lr"]), grad_norm=float(sums[-1]["grad_norm"]))
     reporter.train(step, total, step / steps.steps_per_epoch)
