@@ -203,3 +203,58 @@ def test_a_step_with_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(t
     from nli_jax.workdir import require_finished
     with pytest.raises(RunError, match=r"the run failed at step 3: loss nan .*its last checkpoint: step 2"):
         require_finished(str(workdir), allow_unfinished=False)
+
+
+def fixture_words():
+    from nli_jax.data import fixture_path
+    with open(os.path.join(fixture_path("tiny_wordpiece"), "vocab.txt"), encoding="utf-8") as f:
+        return [t for t in f.read().split("\n") if t and not t.startswith("[")]
+
+
+def write_vocab(directory, tokens, specials=("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(list(specials) + list(tokens)) + "\n", encoding="utf-8")
+    return directory
+
+
+PRETRAIN_CPU_TEST = "configs/pretrain/indobert_base.py:cpu_test"
+
+
+def test_pretraining_examples_of_another_vocabulary_are_refused_before_compute(tmp_path):
+    """Before: examples built with a larger vocabulary than the run's tokenizer trained at loss
+    nan, MLM accuracy 0.000, "finished", and an export was written."""
+    from nli_jax.data import fixture_path
+    from nli_jax.pretraining.examples import create_examples
+    other = write_vocab(tmp_path / "other", [f"kata{i}" for i in range(300)] + fixture_words())
+    examples = tmp_path / "examples"
+    meta = create_examples([os.path.join(fixture_path("corpus_tiny"), "corpus.txt")], str(other), str(examples),
+                           max_seq_length=64, workers=1, progress=False)
+    assert meta["vocab_fingerprint"]["size"] == 305 + len(fixture_words())
+    message = refused(tmp_path / "work", config_with(f"pretrain.examples_dir='{examples}'", spec=PRETRAIN_CPU_TEST))
+    assert f"{examples} holds examples tokenised with another vocabulary ({other}: " in message, message
+    assert f"than this run's tokenizer ({fixture_path('tiny_wordpiece')}: " in message
+
+
+def test_a_vocabulary_without_mask_is_refused_by_create_examples(tmp_path):
+    """Before: the examples were built, and masking drew a [MASK] the vocabulary does not have."""
+    from nli_jax.checkpoints import CheckpointError
+    from nli_jax.data import fixture_path
+    from nli_jax.pretraining.examples import create_examples
+    vocab = write_vocab(tmp_path / "vocab", fixture_words(), specials=("[PAD]", "[UNK]", "[CLS]", "[SEP]"))
+    with pytest.raises(CheckpointError, match=r"vocab.txt lacks the special token\(s\) \['\[MASK\]'\]"):
+        create_examples([os.path.join(fixture_path("corpus_tiny"), "corpus.txt")], str(vocab), str(tmp_path / "out"),
+                        max_seq_length=64, workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_binary_file_through_prepare_corpus_is_refused_in_one_line(tmp_path):
+    """Before: a binary file (NUL bytes) became a "corpus" of replacement characters, exit 0."""
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"Kalimat pertama.\n" + bytes(range(256)) * 40)
+    result = command("pretrain.prepare_corpus", f"--inputs={binary}", f"--output_dir={tmp_path / 'corpus'}",
+                     "--shards=2", "--workers=1")
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"error: {binary}:2: NUL byte at column 1 (a damaged or binary file)"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any(name.startswith("corpus-") or name == ".buckets" for name in os.listdir(tmp_path / "corpus"))

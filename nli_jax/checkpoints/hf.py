@@ -210,6 +210,22 @@ def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
             and declared.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))
 
 
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def check_special_tokens(directory: str, entries) -> None:
+    """A WordPiece vocab.txt (its entries) must hold BERT's special tokens: the tokenizer
+    would add its own ids past the model's embeddings, and pretraining examples would be
+    masked with a [MASK] the vocabulary does not have."""
+    present = set(entries)
+    missing = [t for t in BERT_SPECIAL_TOKENS if t not in present]
+    if missing:
+        raise CheckpointError(f"{directory}/vocab.txt lacks the special token(s) {missing}: a BERT vocabulary "
+                              "has [PAD], [UNK], [CLS], [SEP] and [MASK] (python -m pretrain.build_vocab "
+                              "writes them first); without them the tokenizer would add its own ids past the "
+                              "model's embeddings")
+
+
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer through transformers.
 
@@ -244,12 +260,7 @@ def load_tokenizer(path: str):
             entries = [line.rstrip("\n") for line in f]
         lines = len(entries)
         if "Bert" in type(tokenizer).__name__:
-            missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in entries]
-            if missing:
-                raise CheckpointError(f"{directory}/vocab.txt lacks the special token(s) {missing}: a BERT vocabulary "
-                                      "has [PAD], [UNK], [CLS], [SEP] and [MASK] (python -m pretrain.build_vocab "
-                                      "writes them first); without them the tokenizer would add its own ids past the "
-                                      "model's embeddings")
+            check_special_tokens(directory, entries)
         if len(tokenizer.get_vocab()) != lines:
             raise CheckpointError(f"{directory}/vocab.txt has {lines} entries but the loaded tokenizer has "
                                   f"{len(tokenizer.get_vocab())}")
