@@ -258,3 +258,127 @@ def test_a_binary_file_through_prepare_corpus_is_refused_in_one_line(tmp_path):
     assert lines[-1].startswith(f"error: {binary}:2: NUL byte at column 1 (a damaged or binary file)"), result.stderr
     assert "Traceback" not in result.stderr
     assert not any(name.startswith("corpus-") or name == ".buckets" for name in os.listdir(tmp_path / "corpus"))
+
+
+# --- 4. bounded memory -----------------------------------------------------------------------
+
+class RecordingTokenizer:
+    """A tokenizer that records the longest text and the most words it was given (then
+    tokenises as it would)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.longest, self.most_words = tokenizer, 0, 0
+
+    def __call__(self, *texts, **kwargs):
+        for text in texts:
+            if isinstance(text, list):
+                self.most_words = max(self.most_words, len(text))
+            for t in (text if isinstance(text, list) else [text]):
+                self.longest = max(self.longest, len(t))
+        return self.tokenizer(*texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def long_text(words, seed=0):
+    from nli_jax.data import fixture_path
+    vocabulary = open(os.path.join(fixture_path("corpus_tiny"), "corpus.txt"), encoding="utf-8").read().split()
+    return " ".join(np.random.default_rng(seed).choice(vocabulary, words))
+
+
+def test_a_16000_word_premise_is_cut_before_tokenisation_to_what_max_seq_length_can_use():
+    """Before: encode_text tokenised the whole premise, then truncated (50 such rows: killed)."""
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.data import fixture_path
+    from nli_jax.tasks import common, create_task
+    from nli_jax.train.planner import build_plan
+    tokenizer = load_tokenizer(fixture_path("tiny_wordpiece"))
+    premise, hypothesis = long_text(16000), "Kalimat pendek."
+    task = create_task(build_plan(config_with("data.max_seq_length=64"), training=False))
+    recording = RecordingTokenizer(tokenizer)
+    encode = task.encoder(recording)
+    features = encode({"premise": premise, "hypothesis": hypothesis, "label": 0, "idx": 0})
+    whole = tokenizer(premise, hypothesis, truncation="longest_first", max_length=64)["input_ids"]
+    assert list(features["input_ids"]) == whole and len(whole) == 64
+    assert len(premise) > 90_000 and recording.longest <= 4 * common.CUT_CHARS_PER_TOKEN * 64
+    # A single text, a script without spaces, a text of one long word: the same tokens as whole.
+    for text in (long_text(5000, seed=1), "一二三四五六七八九十" * 3000, "x" * 100_000):
+        for max_length in (16, 64, 129):
+            got = common.encode_text(tokenizer, text, None, max_length)["input_ids"]
+            assert list(got) == tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+
+
+def test_a_tagging_example_of_thousands_of_words_tokenises_only_the_words_it_can_see():
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.data import fixture_path
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
+    from conftest import config_for
+    tokenizer = load_tokenizer(fixture_path("tiny_wordpiece"))
+    task = create_task(build_plan(config_for("indonlu:task=nerp,cpu_test"), training=False))
+    task.labels = tuple(sorted({"O", "B-PER", "I-PER"}))
+    words = long_text(20000).split()
+    recording = RecordingTokenizer(tokenizer)
+    features = task.encoder(recording)({"tokens": words, "tags": ["O"] * len(words), "idx": 0})
+    reference = task.encoder(tokenizer)({"tokens": words[:task.data.max_seq_length], "tags": ["O"] * len(words),
+                                         "idx": 0})
+    for key in ("input_ids", "word_index", "word_mask", "word_labels"):
+        np.testing.assert_array_equal(features[key], reference[key])
+    assert recording.most_words <= task.data.max_seq_length
+
+
+def test_evaluation_batches_are_bounded_by_tokens_whatever_eval_batch_size_says(tmp_path, tfds_dir, nli_log,
+                                                                                 monkeypatch):
+    """Before: --config.train.eval_batch_size=1000000 with packing off was killed at the first
+    evaluation (a batch of 10^6 rows x 64 tokens). The run's evaluator on its validation split."""
+    from nli_jax.data import pipeline
+    from nli_jax.train import loop
+    from nli_jax.train.planner import EVAL_TOKENS_PER_DEVICE, build_plan
+    from nli_jax.train.setup import prepare
+    config = config_with("train.eval_batch_size=1000000", "data.packing=False", "data.pad_to_max_length=True",
+                         tfds_dir=tfds_dir)
+    plan = build_plan(config)
+    assert plan.batch.local_eval_batch == EVAL_TOKENS_PER_DEVICE // 64 and plan.batch.eval_batch_asked == 1000000
+    run = prepare(plan, str(tmp_path / "work"))
+    shapes, real = [], pipeline.eval_batches
+
+    def recorded(*args, **kwargs):
+        for batch in real(*args, **kwargs):
+            shapes.append(batch["input_ids"].shape)
+            yield batch
+    monkeypatch.setattr(pipeline, "eval_batches", recorded)
+    assert run.evaluate(run.params, "validation").report["count"] == 60
+    assert shapes == [(1024, 64)]
+    loop._log_start(run, loop.planner.step_plan(plan, 300), run.params, 300)
+    assert any(line.startswith("train.eval_batch_size=1000000: evaluation batches bounded to 1024 rows")
+               for line in nli_log), nli_log
+    # The shipped configs' own eval batches are under the bound.
+    assert build_plan(config_with(spec="configs/indonli_large.py")).batch.eval_batch_asked == 0
+
+
+def test_grain_workers_read_the_fine_tuning_data_sources():
+    """Before: --config.data.workers=2 failed every fine-tuning run with a TypeError (the tfds
+    builder could not be rebuilt in a grain worker process). The sources go to the workers pickled."""
+    import cloudpickle
+
+    from nli_jax.data import fixture_path
+    from nli_jax.data.nli import prepare
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = prepare("indonli", fixture_path("nli_tiny"), tmp)
+        source = sources["validation"]
+        copy = cloudpickle.loads(cloudpickle.dumps(source))
+        assert len(copy) == len(source) and copy[7] == source[7]
+
+
+@pytest.mark.slow
+def test_fine_tuning_with_two_grain_workers_runs_as_with_none(tmp_path):
+    runs = {}
+    for workers in (0, 2):
+        workdir = tmp_path / f"w{workers}"
+        result = command("finetune.main", f"--config={CPU_TEST}", f"--workdir={workdir}",
+                         f"--config.data.workers={workers}", "--config.train.max_steps=20")
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[workers] = json.loads((workdir / "results.json").read_text())
+    assert runs[0]["history"] == runs[2]["history"] and runs[0]["splits"] == runs[2]["splits"]

@@ -385,6 +385,10 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
              "batch %d (accumulation %d)", run.task.name, type(model).__name__, model.config.model_type,
              n_params / 1e6, dict(run.mesh.shape), train_examples, steps.steps_per_epoch, steps.total_steps,
              batch.global_batch, batch.accumulation)
+    if batch.eval_batch_asked:
+        log.warning("train.eval_batch_size=%d: evaluation batches bounded to %d rows (%d tokens per data-parallel "
+                    "device at data.max_seq_length=%d; planner.EVAL_TOKENS_PER_DEVICE)", batch.eval_batch_asked,
+                    batch.global_eval_batch, planner.EVAL_TOKENS_PER_DEVICE, run.plan.data.max_seq_length)
     if run.batching.packing_groups:
         log.info("training batches packed (data.packing): several examples per row, each attending to itself, "
                  "in %d group(s) per process", run.batching.packing_groups)
