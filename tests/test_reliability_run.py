@@ -382,3 +382,62 @@ def test_fine_tuning_with_two_grain_workers_runs_as_with_none(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         runs[workers] = json.loads((workdir / "results.json").read_text())
     assert runs[0]["history"] == runs[2]["history"] and runs[0]["splits"] == runs[2]["splits"]
+
+
+# --- 6. what was dropped or adjusted is said --------------------------------------------------
+
+def test_duplicate_ids_with_a_train_subset_are_refused_not_half_trained(tmp_path, data, tfds_dir, nli_log):
+    """Before: 300 training rows with each id twice and a subset naming all 150 ids trained 150."""
+    rows = read_rows(data / "train.jsonl")
+    for i, row in enumerate(rows):
+        row["pair_id"] = f"p{i // 2}"
+    write_rows(data / "train.jsonl", rows)
+    subset = tmp_path / "subset.txt"
+    subset.write_text("".join(f"p{i}\n" for i in range(len(rows) // 2)))
+    message = refused(tmp_path / "work", config_with(f"data.source='{data}'", f"data.train_subset='{subset}'",
+                                                     tfds_dir=tfds_dir))
+    assert f"--config.data.train_subset='{subset}': 150 of its 150 ids name more than one row" in message, message
+    assert any(line == f"{data / 'train.jsonl'}: 150 id(s) occur more than once (300 rows, e.g. ['p0', 'p1', 'p2']): "
+               "the rows are told apart by position" for line in nli_log), nli_log
+
+
+def test_null_ids_become_line_numbers_with_a_count_not_none(data, nli_log):
+    """Before: every row with "pair_id": null got the id "None" (all alike)."""
+    from nli_jax.data.nli import read_file
+    rows = read_rows(data / "val.jsonl")
+    for row in rows[:3]:
+        row["pair_id"] = None
+    write_rows(data / "val.jsonl", rows)
+    examples = read_file("indonli", str(data / "val.jsonl"))
+    assert [e["id"] for e in examples[:3]] == ["1", "2", "3"] and "None" not in {e["id"] for e in examples}
+    assert f"{data / 'val.jsonl'}: 3 row(s) without 'pair_id' (absent or null, e.g. line 1): identified by their " \
+           "line number" in nli_log
+
+
+def test_a_key_given_twice_in_a_dataset_row_is_refused_or_counted(tmp_path, data, tfds_dir, nli_log):
+    """Before: json kept the last of two "label" values without a word."""
+    from nli_jax.data.nli import read_file
+    from nli_jax.data.readers import DataError
+    lines = (data / "train.jsonl").read_text().splitlines()
+    lines[4] = '{"premise": "Budi membaca buku di taman.", "hypothesis": "Budi membaca.", "label": "c", "label": "e"}'
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    message = refused(tmp_path / "work", config_with(f"data.source='{data}'", tfds_dir=tfds_dir), DataError)
+    assert message == (f"{data / 'train.jsonl'}:5: key 'label' appears twice in the row with different values "
+                       '("c" and "e"): which one is meant is unknown'), message
+    lines = (data / "val.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:-1] + ', "note": 1, "note": 1}'
+    (data / "val.jsonl").write_text("\n".join(lines) + "\n")
+    assert len(read_file("indonli", str(data / "val.jsonl"))) == 60
+    assert f"{data / 'val.jsonl'}: 1 row(s) give a key twice with the same value (e.g. line 2: 'note'); read once" \
+        in nli_log
+
+
+def test_ocnli_rows_labelled_dash_are_dropped_with_a_count(tmp_path, nli_log):
+    """Before: OCNLI's '-' rows (no majority label) were dropped uncounted."""
+    from nli_jax.data.nli import read_file
+    dev = tmp_path / "dev.json"
+    write_rows(dev, [{"sentence1": f"前提{i}", "sentence2": f"假设{i}", "label": "-" if i in (2, 5) else "neutral",
+                      "id": i, "genre": "news"} for i in range(10)])
+    assert len(read_file("ocnli", str(dev))) == 8
+    assert f"{dev}: 2 of 10 rows dropped: label '-' (no majority label: excluded, as in the OCNLI paper)" in nli_log
+
