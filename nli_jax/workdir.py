@@ -125,6 +125,21 @@ def write_config(workdir: str, config_json: dict) -> None:
     storage.write_text(path, json.dumps(config_json, indent=2, sort_keys=True))
 
 
+def check_still_there(workdir: str, what: str) -> None:
+    """Refuses to write `what` into a workdir whose config.json vanished while the run went on
+    (the directory deleted or moved under it): its results would be reported for a run that
+    the workdir no longer holds. Process 0 (which wrote config.json) decides for every process."""
+    import jax
+    present = jax.process_index() != 0 or storage.isfile(os.path.join(workdir, CONFIG_FILE))
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+        present = bool(multihost_utils.broadcast_one_to_all(np.int32(present)))
+    if not present:
+        raise RunError(f"{workdir}/{CONFIG_FILE} is gone: the workdir was deleted or moved while the run went on; "
+                       f"{what} not written and nothing reported finished. Rerun the command to start over")
+
+
 def has_trained_state(workdir: str) -> bool:
     """Whether any step was trained in `workdir` (a checkpoint, best parameters or results)."""
     for sub in ("checkpoints", "best", UNREADABLE_DIR):

@@ -386,6 +386,28 @@ def test_fine_tuning_with_two_grain_workers_runs_as_with_none(tmp_path):
 
 # --- 6. what was dropped or adjusted is said --------------------------------------------------
 
+def test_a_workdir_deleted_mid_run_is_not_reported_finished(tmp_path, tfds_dir, monkeypatch):
+    """Before: a run whose workdir was deleted under it recreated it, wrote results.json and
+    run.json "finished", exit 0."""
+    from nli_jax.errors import RunError
+    from nli_jax.train import loop
+    workdir = tmp_path / "work"
+    real = loop._validate
+
+    def validate_then_delete(run, *args, **kwargs):
+        evaluation = real(run, *args, **kwargs)
+        if os.path.isdir(workdir):  # at the first evaluation someone removes the run's directory
+            shutil.rmtree(workdir)
+        return evaluation
+    monkeypatch.setattr(loop, "_validate", validate_then_delete)
+    with pytest.raises(RunError) as info:
+        loop.train_and_evaluate(config_with(*SHORT, tfds_dir=tfds_dir), str(workdir))
+    message = " ".join(str(info.value).split())
+    assert message.startswith(f"{workdir}/config.json is gone: the workdir was deleted or moved while the run went "
+                              "on; the checkpoint of step 2 was not written"), message
+    assert not (workdir / "results.json").exists() and not (workdir / "run.json").exists()
+
+
 def test_duplicate_ids_with_a_train_subset_are_refused_not_half_trained(tmp_path, data, tfds_dir, nli_log):
     """Before: 300 training rows with each id twice and a subset naming all 150 ids trained 150."""
     rows = read_rows(data / "train.jsonl")

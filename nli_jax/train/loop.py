@@ -84,6 +84,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
+    workdir_lib.check_still_there(workdir, "the final evaluation's files were")
     params, evaluated_step = _best_params(run, state, bookkeeping)
     fields = dict(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
                   stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
@@ -93,6 +94,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     results["compilation"] = compilation.since(compiled_before)
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
              results["compilation"])
+    workdir_lib.check_still_there(workdir, "results.json, predictions.jsonl and the exports were")
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
@@ -213,6 +215,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             final = step == steps.total_steps or bookkeeping["stopped_early"]
             if step % steps.checkpoint_every == 0 or final:
                 pending = finite.check(pending)
+                workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
                 for hook in hooks:
                     hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, final=final)
