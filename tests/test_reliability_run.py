@@ -463,3 +463,66 @@ def test_ocnli_rows_labelled_dash_are_dropped_with_a_count(tmp_path, nli_log):
     assert len(read_file("ocnli", str(dev))) == 8
     assert f"{dev}: 2 of 10 rows dropped: label '-' (no majority label: excluded, as in the OCNLI paper)" in nli_log
 
+
+def test_a_one_example_validation_split_neither_picks_a_best_step_nor_fits_a_temperature(tmp_path, data, tfds_dir,
+                                                                                        nli_log):
+    """Before: a validation split of one example picked the first step that guessed it as the
+    best and fitted (and exported) a temperature on it."""
+    from nli_jax.train.loop import train_and_evaluate
+    write_rows(data / "val.jsonl", read_rows(data / "val.jsonl")[:1])
+    workdir = tmp_path / "work"
+    results = train_and_evaluate(config_with(f"data.source='{data}'", *SHORT, "train.early_stopping_patience=1",
+                                             tfds_dir=tfds_dir), str(workdir))
+    assert results["best_step"] == results["steps"] == 6 and not results["stopped_early"]
+    assert "validation has 1 example(s), fewer than the 10 a best step is chosen on: the final parameters are kept " \
+           "and reported (best step = last step) and early stopping is off" in nli_log
+    assert results["calibration"]["temperature"] is None and not (workdir / "calibration.json").exists()
+    assert results["calibration"]["not_fitted"].startswith("the validation split has 1 labelled prediction(s)")
+
+
+def test_a_temperature_fitted_at_its_bound_is_neither_stored_nor_exported(tmp_path, nli_log):
+    """Before: separable validation predictions gave T = 0.05 (the bound), stored and exported as fitted."""
+    import types
+
+    from nli_jax.tasks import create_task
+    from nli_jax.train.calibrate import CalibrationHook
+    from nli_jax.train.evaluation import SplitEvaluation
+    from nli_jax.train.planner import build_plan
+    task = create_task(build_plan(config_with(), training=False))
+    examples = [{"label": i % 3, "idx": i, "premise": "p", "hypothesis": "h"} for i in range(30)]
+    run = types.SimpleNamespace(task=task, splits={"validation": examples}, workdir=str(tmp_path))
+
+    def fitted(logits):
+        evaluations = {"validation": SplitEvaluation({}, [], "validation", examples, {"logits": logits})}
+        results = {"splits": {"validation": {}}, "best_step": 4}
+        hook = CalibrationHook(report=True, fit=True)
+        hook.final_results(run, None, results, evaluations)
+        return hook, results
+    # Every prediction right by a margin of 1: the fit runs into T = 0.05.
+    hook, results = fitted([np.eye(3, dtype=np.float32)[i % 3] for i in range(30)])
+    assert results["calibration"]["temperature"] is None
+    assert "reached its bound 0.05 (range [0.05, 20])" in results["calibration"]["not_fitted"]
+    assert hook.export_fields() == {} and not (tmp_path / "calibration.json").exists()
+    assert "temperature" not in results["splits"]["validation"]["calibration"]
+    assert any(line.startswith("calibration: the temperature fitted on 30 validation predictions reached its bound")
+               for line in nli_log)
+    # By a margin of 5 the fit stops short of the bound (the NLL is flat there): still no fit.
+    hook, results = fitted([5.0 * np.eye(3, dtype=np.float32)[i % 3] for i in range(30)])
+    assert results["calibration"]["temperature"] is None and hook.export_fields() == {}
+    assert results["calibration"]["not_fitted"].startswith("every one of the 30 validation predictions is right")
+    # One wrong prediction among them: a temperature with a minimum, stored and exported.
+    wrong = np.float32([3.0, 0.0, 0.0])  # example 29's label is 2
+    hook, results = fitted([5.0 * np.eye(3, dtype=np.float32)[i % 3] for i in range(29)] + [wrong])
+    assert 0.05 < results["calibration"]["temperature"] < 20 and "temperature" in hook.export_fields()
+    assert (tmp_path / "calibration.json").exists()
+
+
+def test_build_vocab_says_when_it_writes_fewer_entries_than_asked(tmp_path):
+    """Before: --vocab_size=500 on a small corpus wrote 289 entries without a word."""
+    from nli_jax.data import fixture_path
+    result = command("pretrain.build_vocab", f"--corpus={fixture_path('corpus_tiny')}/corpus.txt",
+                     f"--output_dir={tmp_path / 'vocab'}", "--vocab_size=500")
+    assert result.returncode == 0, result.stderr[-2000:]
+    entries = (tmp_path / "vocab" / "vocab.txt").read_text().splitlines()
+    assert f"--vocab_size=500: the corpus yields {len(entries)} entries" in result.stderr
+    assert f"fewer than asked: vocab.txt has {len(entries)}" in result.stderr and len(entries) < 500

@@ -185,6 +185,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                         flops_per_token=run.model.training_flops_per_token(plan.data.max_seq_length),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
+    selects = _selects_best_step(run)
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
     pending, padding = [], _Padding(bookkeeping.get("train_tokens"))
     finite = _FiniteSteps(run.workdir, ckpt, step, run_state, bookkeeping)
@@ -208,7 +209,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
                 pending = finite.check(pending)
-                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping)
+                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping, selects=selects)
                 if bookkeeping["best_step"] == step:
                     best_evaluation = (step, evaluation)
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
@@ -459,10 +460,31 @@ def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> No
     reporter.train(step, total, step / steps.steps_per_epoch)
 
 
+# Validation examples a best step is chosen on (and early stopping decided), at least.
+MIN_SELECTION_EXAMPLES = 10
+
+
+def _selects_best_step(run: RunSetup) -> bool:
+    """Whether the best step is chosen on the validation split: not for a task that reports its
+    final parameters, nor on fewer than MIN_SELECTION_EXAMPLES examples (one example's accuracy
+    is 0 or 1: the "best" step is the first that guesses it), logged."""
+    task = run.task
+    if task.reports_final_parameters:
+        return False
+    count = len(run.splits[task.validation_split])
+    if count < MIN_SELECTION_EXAMPLES:
+        log.warning("%s has %d example(s), fewer than the %d a best step is chosen on: the final parameters are "
+                    "kept and reported (best step = last step) and early stopping is off", task.validation_split,
+                    count, MIN_SELECTION_EXAMPLES)
+        return False
+    return True
+
+
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
-              bookkeeping: dict):
-    """Evaluates on the validation split, keeps the best parameters (a task that reports its final
-    parameters: the latest) and decides on early stopping; returns the SplitEvaluation."""
+              bookkeeping: dict, *, selects: bool = True):
+    """Evaluates on the validation split, keeps the best parameters (`selects` False: the latest,
+    as for a task that reports its final parameters) and decides on early stopping; returns the
+    SplitEvaluation."""
     task, patience = run.task, run.plan.train.early_stopping_patience
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
@@ -472,7 +494,7 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
     bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
                                    task.validation_split: tracked})
-    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or task.reports_final_parameters:
+    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or not selects:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
     else:
