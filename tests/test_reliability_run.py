@@ -526,3 +526,123 @@ def test_build_vocab_says_when_it_writes_fewer_entries_than_asked(tmp_path):
     entries = (tmp_path / "vocab" / "vocab.txt").read_text().splitlines()
     assert f"--vocab_size=500: the corpus yields {len(entries)} entries" in result.stderr
     assert f"fewer than asked: vocab.txt has {len(entries)}" in result.stderr and len(entries) < 500
+
+
+# --- 7. help and README true ----------------------------------------------------------------
+
+HELP_DRIVER = r"""
+import contextlib, io, json, runpy, sys
+module, args = sys.argv[1], sys.argv[2:]
+sys.argv = [module, *args, "--help"]
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit:
+        pass
+from absl import flags
+own = ("nli_jax", "finetune", "pretrain", "launch")
+expected = sorted({f.name for module, defined in flags.FLAGS.flags_by_module_dict().items()
+                   if module.split(".")[0] in own or module.endswith(".py") for f in defined})
+print(json.dumps({"help": out.getvalue(), "expected": expected}))
+"""
+
+ABSL_COMMANDS = [("finetune.main",), ("finetune.evaluate",), ("finetune.predict",), ("finetune.export",),
+                 ("finetune.sweep",), ("finetune.indonlu_benchmark",), ("pretrain.main",), ("pretrain.prepare_corpus",),
+                 ("pretrain.build_vocab",), ("pretrain.create_examples",), ("launch.compile",),
+                 ("nli_jax.analysis", "artifacts"), ("nli_jax.analysis", "cartography")]
+
+
+def test_every_commands_help_lists_the_flags_it_takes():
+    """Before: `python -m nli_jax.analysis cartography --help` listed no flag (--workdir
+    included), nor did finetune.main's and pretrain.main's (--config, --workdir): absl lists the
+    main module's flags only. Every flag an nli-jax module defines for the command is listed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def help_of(command):
+        result = subprocess.run([sys.executable, "-c", HELP_DRIVER, *command], cwd=REPO, env=env_cpu(),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return command, json.loads(result.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(2) as pool:
+        helps = list(pool.map(help_of, ABSL_COMMANDS))
+    missing = {}
+    for command, shown in helps:
+        listed = {name for name in shown["expected"]
+                  if f"--{name}:" in shown["help"] or f"--[no]{name}:" in shown["help"]}
+        assert shown["expected"], command
+        if set(shown["expected"]) - listed:
+            missing[" ".join(command)] = sorted(set(shown["expected"]) - listed)
+    assert not missing, missing
+    cartography = dict(helps)[("nli_jax.analysis", "cartography")]["help"]
+    assert "Dataset cartography" in cartography and "--workdir: A run trained with" in cartography
+
+
+README_COMMANDS = ("finetune.main", "pretrain.main", "launch.compile", "finetune.sweep")
+
+
+def readme_overrides(text):
+    """[(config spec, [--config.KEY=VALUE ...], topology or None, where)] for every command of
+    README_COMMANDS in the README's code blocks, and one entry per override it suggests in its
+    prose (`--config.KEY=VALUE`), against the README's main config."""
+    import re
+    import shlex
+    found = []
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    for block in blocks:
+        for command in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(command, comments=True)
+            if len(words) < 3 or words[:2] != ["python", "-m"] or words[2] not in README_COMMANDS:
+                continue
+            options = dict(w.split("=", 1) for w in words[3:] if w.startswith("--") and "=" in w)
+            overrides = [w for w in words[3:] if w.startswith("--config.")]
+            found.append((options["--config"], overrides, options.get("--topology"), command.strip()))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for override in re.findall(r"`(--config\.[\w.]+=[^`]+)`", prose):
+        found.append(("configs/indonli_large.py", shlex.split(override), None, override))
+    return found
+
+
+def parsed_config(spec, overrides):
+    """The config as the command line parses it (ml_collections' config flag), overrides applied."""
+    from absl import flags
+    from ml_collections import config_flags
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
+    path, _, variant = spec.partition(":")
+    argv = ["readme", f"--config={REPO / path}{':' + variant if variant else ''}", *overrides]
+    saved, sys.argv = sys.argv, argv  # the config flag reads its overrides from sys.argv
+    try:
+        values(argv)
+    finally:
+        sys.argv = saved
+    return values["config"].value
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # ml_collections loads config files with load_module
+def test_every_config_override_the_readme_suggests_is_accepted_by_its_config():
+    """Each `--config.KEY=VALUE` the README shows (in a command, or in its prose against the main
+    config) is parsed as the command line parses it and planned (nli_jax.train.planner: every
+    range and relation check; no file read, nothing trained) on the devices it is meant for."""
+    import math
+
+    from nli_jax.train import aot
+    from nli_jax.train.planner import build_plan
+    cases = readme_overrides((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len(cases) >= 15 and sum(bool(c[1]) for c in cases) >= 12, cases
+    refused = []
+    for spec, overrides, topology, where in cases:
+        try:
+            config = parsed_config(spec, overrides)
+            shape = dict(config.mesh.shape)
+            if topology:  # launch.compile plans with its stand-in files, as it does
+                config = aot._with_stand_in_files(config)
+                devices = aot.topology(topology).devices()
+                count, processes = len(devices), len({d.process_index for d in devices})
+            else:
+                count, processes = (math.prod(shape.values()) if -1 not in shape.values() else 1), 1
+            build_plan(config, devices=count, processes=processes, process_index=0)
+        except Exception as e:  # noqa: BLE001 - every refusal is collected and named
+            refused.append(f"{where}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    assert not refused, "\n".join(refused)
