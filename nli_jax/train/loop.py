@@ -201,9 +201,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             for hook in hooks:
                 hook.after_step(step, outcomes, state["params"])
             pending.append((step, metrics))
-            # The steps' metrics are fetched (and checked finite) at log steps and before anything
-            # is evaluated or saved: no host sync of its own, and a diverged step never reaches a
-            # checkpoint or best/.
+            # Metrics are fetched (and checked finite) at log steps and before any evaluation or save:
+            # no host sync of their own, and a diverged step never reaches a checkpoint or best/.
             if step % steps.log_every == 0 or step == steps.total_steps:
                 _report(reporter, finite.check(pending), step, steps)
                 pending = []
