@@ -125,6 +125,21 @@ def write_config(workdir: str, config_json: dict) -> None:
     storage.write_text(path, json.dumps(config_json, indent=2, sort_keys=True))
 
 
+def check_still_there(workdir: str, what: str) -> None:
+    """Refuses to write `what` into a workdir whose config.json vanished while the run went on
+    (the directory deleted or moved under it): its results would be reported for a run that
+    the workdir no longer holds. Process 0 (which wrote config.json) decides for every process."""
+    import jax
+    present = jax.process_index() != 0 or storage.isfile(os.path.join(workdir, CONFIG_FILE))
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+        present = bool(multihost_utils.broadcast_one_to_all(np.int32(present)))
+    if not present:
+        raise RunError(f"{workdir}/{CONFIG_FILE} is gone: the workdir was deleted or moved while the run went on; "
+                       f"{what} not written and nothing reported finished. Rerun the command to start over")
+
+
 def has_trained_state(workdir: str) -> bool:
     """Whether any step was trained in `workdir` (a checkpoint, best parameters or results)."""
     for sub in ("checkpoints", "best", UNREADABLE_DIR):
@@ -309,8 +324,9 @@ def refuse_a_run(directory: str, flag: str) -> None:
 # --- how far a run got --------------------------------------------------------------------
 
 def write_state(workdir: str, state: str, **fields) -> None:
-    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved) or "finished", the step
-    and the best step (process 0)."""
+    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved), "failed" (a step
+    diverged: the reason and the last checkpoint) or "finished", the step and the best step
+    (process 0)."""
     import jax
     if jax.process_index() == 0:
         storage.write_text(os.path.join(workdir, RUN_STATE_FILE),
@@ -338,6 +354,7 @@ def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkp
         return state
     where = {"running": f"is still training, or was killed, at step {state.get('step')} of {state.get('total_steps')}",
              "interrupted": f"was interrupted at step {state.get('step')} of {state.get('total_steps')}",
+             "failed": f"failed at {state.get('reason')} (its last checkpoint: step {state.get('last_checkpoint')})",
              }.get(state["state"], "has not finished (no run.json or results.json)")
     best = f"; its best parameters so far are from step {state.get('best_step')}" if state.get("best_step") else ""
     raise RunError(f"{flag}={workdir}: the run {where}{best}. Rerun its command to finish it, or pass "

@@ -24,6 +24,9 @@ def main() -> None:
         sys.exit(f"nli_jax.analysis: error: unknown analysis {name!r}; analyses: {', '.join(analyses())}")
     module = importlib.import_module(f"nli_jax.analysis.{name}")
     module.define_flags()
+    from nli_jax.train.command_help import list_command_flags
+    list_command_flags()  # --help lists the analysis' own flags
+    sys.modules["__main__"].__doc__ = module.__doc__  # and --help describes the analysis, not this dispatcher
     rest = argv[2:] if len(argv) > 1 and argv[1] == name else argv[1:]
     app.run(module.main, argv=[f"{argv[0]} {name}", *rest])
 

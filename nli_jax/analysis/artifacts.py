@@ -235,7 +235,8 @@ def resolve_split(corpus: nli_data.NLICorpus, source: str, split: str) -> tuple[
 def load_split(corpus: nli_data.NLICorpus, split: str, path: str) -> list[dict]:
     """The split's examples, validated by the corpus spec (errors name file and line), with
     `idx` = position in the file's examples, as the training loop numbers them."""
-    examples = read_validated(path, corpus.splits[split].reader, corpus.parse)
+    examples = read_validated(path, corpus.splits[split].reader, corpus.parse, dropped=corpus.dropped_rows,
+                              id_field=corpus.id_field)
     for index, example in enumerate(examples):
         example["idx"] = index
     return examples

@@ -80,7 +80,10 @@ def _load_torch(file: str) -> dict[str, np.ndarray]:
     # weights_only=True: never unpickle arbitrary objects from a downloaded file.
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
-        return {k: v.detach().float().numpy() for k, v in state.items()}
+        # float16 / bfloat16 widen to float32 exactly; any other dtype (float64, integers) keeps
+        # its own: models.pretrained.load_weights converts or refuses it by name.
+        return {k: (v.detach().float() if v.dtype in (torch.float16, torch.bfloat16) else v.detach()).numpy()
+                for k, v in state.items()}
     except Exception as e:  # truncated or not a state dict
         raise CheckpointError(f"{file}: unreadable PyTorch weights ({type(e).__name__}: {_first_line(e)}); "
                               "the file is damaged or incomplete: download or export it again") from None
@@ -91,6 +94,14 @@ def _first_line(error: BaseException) -> str:
     return text[0][:300] if text else type(error).__name__
 
 
+# Weight dtypes read as float32 (exactly); others are kept for load_weights to convert or refuse.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _widened(array) -> np.ndarray:
+    return np.asarray(array, dtype=np.float32) if array.dtype.name in WEIGHT_DTYPES else np.asarray(array)
+
+
 def _load_safetensors(file: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     out = {}
@@ -99,7 +110,7 @@ def _load_safetensors(file: str) -> dict[str, np.ndarray]:
         # (0.3 s against 1.4 s for a 470 MB checkpoint).
         with safe_open(file, framework="numpy") as f:
             for k in f.keys():
-                out[k] = np.asarray(f.get_tensor(k), dtype=np.float32)
+                out[k] = _widened(f.get_tensor(k))
     except Exception as e:  # SafetensorError (truncated header or data), OSError
         raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {_first_line(e)}); the file "
                               "is damaged or incomplete (size {:,} bytes): download or export it again"
@@ -199,6 +210,22 @@ def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
             and declared.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"))
 
 
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def check_special_tokens(directory: str, entries) -> None:
+    """A WordPiece vocab.txt (its entries) must hold BERT's special tokens: the tokenizer
+    would add its own ids past the model's embeddings, and pretraining examples would be
+    masked with a [MASK] the vocabulary does not have."""
+    present = set(entries)
+    missing = [t for t in BERT_SPECIAL_TOKENS if t not in present]
+    if missing:
+        raise CheckpointError(f"{directory}/vocab.txt lacks the special token(s) {missing}: a BERT vocabulary "
+                              "has [PAD], [UNK], [CLS], [SEP] and [MASK] (python -m pretrain.build_vocab "
+                              "writes them first); without them the tokenizer would add its own ids past the "
+                              "model's embeddings")
+
+
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer through transformers.
 
@@ -233,12 +260,7 @@ def load_tokenizer(path: str):
             entries = [line.rstrip("\n") for line in f]
         lines = len(entries)
         if "Bert" in type(tokenizer).__name__:
-            missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in entries]
-            if missing:
-                raise CheckpointError(f"{directory}/vocab.txt lacks the special token(s) {missing}: a BERT vocabulary "
-                                      "has [PAD], [UNK], [CLS], [SEP] and [MASK] (python -m pretrain.build_vocab "
-                                      "writes them first); without them the tokenizer would add its own ids past the "
-                                      "model's embeddings")
+            check_special_tokens(directory, entries)
         if len(tokenizer.get_vocab()) != lines:
             raise CheckpointError(f"{directory}/vocab.txt has {lines} entries but the loaded tokenizer has "
                                   f"{len(tokenizer.get_vocab())}")

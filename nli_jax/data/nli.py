@@ -39,6 +39,13 @@ class NLICorpus:
     # the example's label to -1.
     label_field: str = "label"
     placeholder_label: str = "entailment"
+    id_field: str = "id"  # the rows' id (absent or null: the line number, logged)
+    dropped_rows: str = ""  # the rows `parse` drops on purpose, as the log line names them
+
+
+def _id(value) -> str | None:
+    """A row's id as text; None when absent or null (read_validated then uses the line number)."""
+    return None if value is None else str(value)
 
 
 def _indonli_parse(path: str, number: int, row: dict) -> dict:
@@ -52,7 +59,7 @@ def _indonli_parse(path: str, number: int, row: dict) -> dict:
     tags = row.get("inference_phenomena") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise DataError(f"{path}:{number}: 'inference_phenomena' must be a list of strings")
-    return {"id": str(row.get("pair_id", number)), "premise": premise, "hypothesis": hypothesis, "label": label,
+    return {"id": _id(row.get("pair_id")), "premise": premise, "hypothesis": hypothesis, "label": label,
             "categories": categories, "tags": [t.strip() for t in tags if t.strip()]}
 
 
@@ -68,6 +75,7 @@ INDONLI = NLICorpus(
     },
     parse=_indonli_parse,
     placeholder_label="e",
+    id_field="pair_id",
     base_url="https://raw.githubusercontent.com/ir-nlp-csui/indonli/main/data/indonli/",
     description="IndoNLI (Mahendra et al., 2021): lay train/validation/test_lay, expert test_expert, diagnostic.",
 )
@@ -78,7 +86,7 @@ def _ocnli_parse(path: str, number: int, row: dict) -> dict | None:
     label = row.get("label")
     if label == "-":  # no majority label: excluded, as in the OCNLI paper
         return None
-    return {"id": str(row.get("id", number)), "premise": require_text(path, number, row, "sentence1"),
+    return {"id": _id(row.get("id")), "premise": require_text(path, number, row, "sentence1"),
             "hypothesis": require_text(path, number, row, "sentence2"),
             "label": map_label(path, number, label, {"entailment": 0, "neutral": 1, "contradiction": 2}),
             "categories": {k: str(row[k]) for k in ("genre", "level") if row.get(k) is not None}, "tags": []}
@@ -90,6 +98,7 @@ OCNLI = NLICorpus(
             "train_10k": SplitFile("train.10k.json"), "train_3k": SplitFile("train.3k.json"),
             "validation": SplitFile("dev.json", required=True)},
     parse=_ocnli_parse,
+    dropped_rows="label '-' (no majority label: excluded, as in the OCNLI paper)",
     base_url="https://raw.githubusercontent.com/CLUEbenchmark/OCNLI/main/data/ocnli/",
     description="OCNLI (Hu et al., 2020), Chinese; dev is the evaluation split; label '-' dropped.",
 )
@@ -97,7 +106,7 @@ OCNLI = NLICorpus(
 
 def _inferes_parse(path: str, number: int, row: dict) -> dict:
     label = map_label(path, number, row.get("Label"), {"ent": 0, "neutral": 1, "cnt": 2}, field="Label")
-    return {"id": str(row.get("ID", number)), "premise": require_text(path, number, row, "Premise"),
+    return {"id": _id(row.get("ID")), "premise": require_text(path, number, row, "Premise"),
             "hypothesis": require_text(path, number, row, "Hypothesis"), "label": label,
             "categories": {"anno_type": row.get("Anno_Type", "").strip() or "unknown",
                            "topic": row.get("Topic", "").strip() or "unknown"}, "tags": []}
@@ -115,6 +124,7 @@ INFERES = NLICorpus(
     parse=_inferes_parse,
     label_field="Label",
     placeholder_label="ent",
+    id_field="ID",
     base_url="https://raw.githubusercontent.com/venelink/inferes/main/corpus/",
     description="InferES (Kovatchev & Taule, 2022), Spanish; categories: creation strategy (Anno_Type), topic.",
 )
@@ -123,7 +133,7 @@ INFERES = NLICorpus(
 def _translate_train_parse(path: str, number: int, row: dict) -> dict | None:
     if row.get("gold_label") == "-":  # MNLI: no gold label
         return None
-    return {"id": str(row.get("pairid", number)), "premise": require_text(path, number, row, "sentence1"),
+    return {"id": _id(row.get("pairid")), "premise": require_text(path, number, row, "sentence1"),
             "hypothesis": require_text(path, number, row, "sentence2"),
             "label": map_label(path, number, row.get("gold_label"), {"entailment": 0, "neutral": 1, "contradiction": 2},
                                field="gold_label"),
@@ -135,6 +145,8 @@ TRANSLATE_TRAIN_SMALL = NLICorpus(
     splits={"train": SplitFile("train.jsonl", required=True), "validation": SplitFile("dev.jsonl")},
     parse=_translate_train_parse,
     label_field="gold_label",
+    id_field="pairid",
+    dropped_rows="gold_label '-' (no gold label, as MNLI marks them)",
     description="MNLI machine-translated to Indonesian, the IndoNLI paper's translate-train-small sample "
                 "(data/translate_train_small.tar.gz in the IndoNLI repository; extract it and pass the folder).",
 )
@@ -176,7 +188,8 @@ def load_examples(corpus: NLICorpus, source: str) -> dict[str, list[dict]]:
     """Every split present in `source`, parsed and validated (errors name file and line)."""
     out = {}
     for split, path in split_files(corpus, source).items():
-        examples = read_validated(path, corpus.splits[split].reader, corpus.parse)
+        examples = read_validated(path, corpus.splits[split].reader, corpus.parse, dropped=corpus.dropped_rows,
+                                  id_field=corpus.id_field)
         for index, example in enumerate(examples):
             example["idx"] = index
         out[split] = examples
@@ -202,7 +215,7 @@ def read_file(corpus_name: str, path: str, *, labelled: bool = True) -> list[dic
                 raise DataError(f"{p}:{number}: expected a JSON object")
             example = corpus.parse(p, number, {**row, corpus.label_field: corpus.placeholder_label})
             return dict(example, label=-1)
-    examples = read_validated(path, reader, parse)
+    examples = read_validated(path, reader, parse, dropped=corpus.dropped_rows, id_field=corpus.id_field)
     for index, example in enumerate(examples):
         example["idx"] = index
     return examples

@@ -11,6 +11,7 @@ also reported to `recording_reads()`, which the training loop uses to fingerprin
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import hashlib
@@ -107,18 +108,59 @@ def text_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
+class _RepeatedKeys:
+    """A json object_pairs_hook noting the keys a JSON object gives twice (json keeps the last
+    silently): `check` refuses a row whose repeated key has two values (which one is meant is
+    unknown) and counts the rows that repeat one with the same value, which `log` reports."""
+
+    def __init__(self, path: str):
+        self.path, self.repeated, self.same = path, [], []
+
+    def __call__(self, pairs):
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                self.repeated.append((key, out[key], value))
+            out[key] = value
+        return out
+
+    def check(self, number: int) -> None:
+        if not self.repeated:
+            return
+        repeated, self.repeated = self.repeated, []
+        for key, first, second in repeated:
+            if first != second:
+                raise DataError(f"{self.path}:{number}: key {key!r} appears twice in the row with different values "
+                                f"({_shown(first)} and {_shown(second)}): which one is meant is unknown")
+        self.same.append((number, repeated[0][0]))
+
+    def log(self) -> None:
+        if self.same:
+            number, key = self.same[0]
+            log.warning("%s: %d row(s) give a key twice with the same value (e.g. line %d: %r); read once", self.path,
+                        len(self.same), number, key)
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line."""
+    repeated = _RepeatedKeys(path)
     for number, line in enumerate(text_lines(_open_text(path)), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=repeated)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{number}: malformed JSON ({e.msg} at column {e.colno})") from None
+        repeated.check(number)
         if not isinstance(row, dict):
             raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         yield number, row
+    repeated.log()
 
 
 def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
@@ -129,7 +171,8 @@ def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
     if not stripped.startswith("["):
         yield from read_jsonl(path)
         return
-    decoder = json.JSONDecoder()
+    repeated = _RepeatedKeys(path)
+    decoder = json.JSONDecoder(object_pairs_hook=repeated)
     line_of = lambda offset: text.count("\n", 0, offset) + 1
 
     def skip(i):
@@ -145,6 +188,7 @@ def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
             while True:
                 value, end = decoder.raw_decode(text, position)
                 records.append((line_of(position), value))
+                repeated.check(records[-1][0])
                 position = skip(end)
                 if position < len(text) and text[position] == ",":
                     position = skip(position + 1)
@@ -157,6 +201,7 @@ def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
             raise json.JSONDecodeError("extra data after the array", text, skip(position))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: malformed JSON array ({e.msg})") from None
+    repeated.log()
     for number, row in records:
         if not isinstance(row, dict):
             raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
@@ -242,13 +287,33 @@ def map_label(path: str, number: int, value: Any, mapping: dict[str, int], field
 
 
 def read_validated(path: str, records: Callable[[str], Iterator[tuple[int, Any]]],
-                   parse: Callable[[str, int, Any], dict | None]) -> list[dict]:
-    """Parses every record; `parse` returns None to drop a row on purpose (OCNLI's '-')."""
-    out = []
+                   parse: Callable[[str, int, Any], dict | None], *, dropped: str = "",
+                   id_field: str = "") -> list[dict]:
+    """Parses every record, and says in one log line each what it dropped or adjusted: rows
+    `parse` drops on purpose (returns None: OCNLI's '-', described by `dropped`), examples whose
+    "id" is None (no `id_field`, or null: identified by their line number, never "None") and ids
+    that occur more than once (told apart by position; a data.train_subset by id refuses them)."""
+    out, dropped_rows, without_id = [], 0, []
     for number, row in records(path):
         example = parse(path, number, row)
-        if example is not None:
-            out.append(example)
+        if example is None:
+            dropped_rows += 1
+            continue
+        if "id" in example and example["id"] is None:
+            example["id"] = str(number)
+            without_id.append(number)
+        out.append(example)
+    if dropped_rows:
+        log.warning("%s: %d of %d rows dropped: %s", path, dropped_rows, dropped_rows + len(out),
+                    dropped or "rows the format excludes")
+    if without_id:
+        log.warning("%s: %d row(s) without %s (absent or null, e.g. line %d): identified by their line number", path,
+                    len(without_id), repr(id_field) if id_field else "an id", without_id[0])
+    counts = collections.Counter(e["id"] for e in out if "id" in e)
+    repeated = [i for i, c in counts.items() if c > 1]
+    if repeated:
+        log.warning("%s: %d id(s) occur more than once (%d rows, e.g. %s): the rows are told apart by position",
+                    path, len(repeated), sum(counts[i] for i in repeated), repeated[:3])
     if not out:
         raise DataError(f"{path}: no examples")
     return out

@@ -67,6 +67,16 @@ def _builder_class():
         def name(self):  # one directory per corpus
             return self._dataset_name
 
+        # grain's worker processes (data.workers) receive the sources pickled: tfds rebuilds a
+        # builder from the arguments it recorded, which lack these. The dataset is prepared by
+        # then: a worker reads its files and needs no examples.
+        def __getstate__(self):
+            return dict(super().__getstate__(), _nli_jax=(self._dataset_name, self._description))
+
+        def __setstate__(self, state):
+            name, description = state["_nli_jax"]
+            self.__init__(dataset_name=name, examples={}, description=description, **state["_original_state"])
+
         def _info(self):
             return tfds.core.DatasetInfo(builder=self, description=self._description, features=tfds.features.FeaturesDict(
                 {"idx": np.int64, "record": tfds.features.Text()}))

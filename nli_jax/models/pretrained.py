@@ -302,6 +302,9 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
             mismatched.append(f"{e.hf_name}: checkpoint {tuple(w.shape)} vs model {expected}")
             continue
         new_values[e.path] = to_ours(w, ours.shape, e.in_axes)
+    unusable = _unusable_weights(weights, sorted(used), source)
+    if unusable:
+        raise hf.CheckpointError(f"{source}: " + "; ".join(unusable))
     unused = sorted(k for k in weights if k not in used)
     unexpected = [k for k in unused if not _IGNORABLE.search(k) and not k.startswith(_HEAD_PREFIXES)
                   and not k.startswith(prefix + "pooler.")]
@@ -322,6 +325,35 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
     for path, value in (stack_layers(new_values) if config.scans_layers else new_values).items():
         flat[path].set_value(jax.numpy.asarray(value, dtype=flat[path].get_value().dtype))
     nnx.update(model, nnx.from_flat_state(flat))
+
+
+def _unusable_weights(weights: dict, names: list[str], source: str) -> list[str]:
+    """What makes the checkpoint tensors that become parameters unusable, one entry per kind:
+    a dtype that is not a floating-point weight (int32, bool: a quantized or damaged file; refused,
+    never cast silently) and NaN or Inf values (a diverged or damaged save: every step would
+    compute nan). float64 is converted to float32 with a log line."""
+    not_float, not_finite, widened = [], [], []
+    for name in names:
+        w = weights[name]
+        if not np.issubdtype(w.dtype, np.floating):
+            not_float.append(f"{name} ({w.dtype})")
+            continue
+        if w.dtype.name not in hf.WEIGHT_DTYPES:
+            widened.append(name)
+        bad = w.size - int(np.count_nonzero(np.isfinite(w)))
+        if bad:
+            not_finite.append(f"{name} ({bad} of {w.size} values)")
+    if widened:
+        log.info("%s: %d tensor(s) of float64 converted to float32 (e.g. %s)", source, len(widened), widened[:3])
+    problems = []
+    if not_float:
+        problems.append(f"tensors that are not float32, bfloat16 or float16 weights (a quantized or damaged "
+                        f"checkpoint; nli-jax does not cast them): {not_float[:5]}"
+                        f"{f' and {len(not_float) - 5} more' if len(not_float) > 5 else ''}")
+    if not_finite:
+        problems.append(f"tensors holding NaN or Inf (a diverged or damaged save: every step would compute nan): "
+                        f"{not_finite[:5]}{f' and {len(not_finite) - 5} more' if len(not_finite) > 5 else ''}")
+    return problems
 
 
 def state_dict(model: "PretrainedModel") -> dict[str, np.ndarray]:

@@ -68,7 +68,11 @@ def read_documents(path: str, *, lines_are_sentences: bool = False, max_lines_pe
     `lines_are_sentences` each line is a paragraph and is split into sentences."""
     doc: list[str] = []
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+        for number, line in enumerate(f, start=1):
+            if "\0" in line:  # text holds no NUL bytes: a binary (or zero-filled, damaged) file
+                from nli_jax.data.readers import DataError
+                raise DataError(f"{path}:{number}: NUL byte at column {line.index(chr(0)) + 1} (a damaged or binary "
+                                "file): not a text corpus; nothing was written")
             line = line.strip()
             if not line:
                 if doc:
@@ -166,8 +170,16 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
     options = dict(lines_are_sentences=lines_are_sentences, twitter=twitter,
                    max_lines_per_document=max_lines_per_document, min_sentence_chars=min_sentence_chars,
                    min_sentences=min_sentences)
-    from tqdm import tqdm
     ctx = get_context("spawn")  # no fork after JAX/threads have started
+    try:
+        return _run_passes(ctx, inputs, output_dir, tmp_dir, shards, workers, options, progress)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # an input refused mid-way leaves no partial buckets
+        raise
+
+
+def _run_passes(ctx, inputs, output_dir, tmp_dir, shards, workers, options, progress) -> dict:
+    from tqdm import tqdm
     with ctx.Pool(max(1, workers)) as pool:
         jobs = [(i, p, tmp_dir, shards, options) for i, p in enumerate(inputs)]
         docs = sentences = 0

@@ -375,6 +375,53 @@ def _fingerprint(settings: dict, tokenizer_sha: str, path: str, local_path: str,
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def vocabulary_fingerprint(vocab_dir: str) -> dict | None:
+    """{"fingerprint", "size"} of the vocabulary that tokenises the corpus into ids: the entries
+    of vocab.txt in order, and whether the text is lowercased (tokenizer_config.json's
+    do_lower_case, true by default). None when the directory has no vocab.txt."""
+    vocab = os.path.join(vocab_dir, "vocab.txt")
+    if not storage.isfile(vocab):
+        return None
+    entries = storage.read_text(vocab).split("\n")
+    if entries and entries[-1] == "":
+        entries.pop()
+    lowercase = True
+    config = os.path.join(vocab_dir, "tokenizer_config.json")
+    if storage.isfile(config):
+        try:
+            lowercase = bool((storage.read_json_object(config) or {}).get("do_lower_case", True))
+        except ValueError:
+            pass
+    digest = hashlib.sha256(json.dumps({"entries": entries, "lowercase": lowercase}).encode("utf-8"))
+    return {"fingerprint": digest.hexdigest()[:32], "size": len(entries)}
+
+
+def check_vocabulary(directory: str, meta: dict, vocab_dir: str) -> None:
+    """Examples in `directory` (their examples.json `meta`) hold the token ids of the vocabulary
+    they were built with: a run whose tokenizer (`vocab_dir`) has another is refused before
+    compute (its ids would select other embeddings: loss nan past the vocabulary)."""
+    if not vocab_dir:
+        return
+    from nli_jax.errors import RunError
+    ours = vocabulary_fingerprint(storage.local_copy(vocab_dir) if storage.is_remote(vocab_dir) else vocab_dir)
+    theirs = meta.get("vocab_fingerprint")
+    if ours is None or theirs is None:  # no vocab.txt to compare, or examples of an older nli-jax: the size
+        if ours is not None and meta.get("vocab_size") not in (None, ours["size"]):
+            theirs = {"fingerprint": None, "size": meta["vocab_size"]}
+        else:
+            if theirs is None:
+                import logging
+                logging.getLogger("nli_jax").info("%s/%s has no vocabulary fingerprint (built by an older nli-jax): "
+                                                  "only its vocabulary size is checked", directory, META)
+            return
+    if ours["fingerprint"] != theirs["fingerprint"]:
+        raise RunError(f"{directory} holds examples tokenised with another vocabulary ({meta.get('vocab_dir')}: "
+                       f"{theirs['size']} entries, fingerprint {theirs['fingerprint']}) than this run's tokenizer "
+                       f"({storage.origin(vocab_dir)}: {ours['size']} entries, fingerprint {ours['fingerprint']}): "
+                       "their token ids would select other embeddings. Build the examples with this tokenizer "
+                       "(python -m pretrain.create_examples --vocab_dir=...) or use the tokenizer they were built with")
+
+
 def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *, max_seq_length: int = 128,
                     short_seq_prob: float = 0.1, sentence_task: str = "nsp", dupe_factor: int = 1, seed: int = 12345,
                     heldout_permille: int = 10, workers: int = 2, progress: bool = True,
@@ -399,6 +446,9 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     local_vocab = storage.local_copy(vocab_dir)
     with open(os.path.join(local_vocab, "vocab.txt"), "rb") as f:
         vocab_bytes = f.read()
+    from nli_jax.checkpoints.hf import check_special_tokens
+    # [MASK] above all: masking would draw a token the vocabulary does not have.
+    check_special_tokens(storage.origin(vocab_dir), vocab_bytes.decode("utf-8", errors="replace").splitlines())
     vocab_size = vocab_bytes.count(b"\n") + (0 if vocab_bytes.endswith(b"\n") or not vocab_bytes else 1)
     tokenizer_hash = hashlib.sha256(vocab_bytes)
     config_path = os.path.join(local_vocab, "tokenizer_config.json")  # do_lower_case
@@ -451,7 +501,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
         words += marker["words"]
     meta = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "sentence_task": sentence_task,
             "dupe_factor": dupe_factor, "seed": seed, "dtype": dtype, "vocab_size": vocab_size, "vocab_dir":
-            storage.origin(vocab_dir), "counts": counts, "words": words, "shards": len(local_files),
+            storage.origin(vocab_dir), "vocab_fingerprint": vocabulary_fingerprint(local_vocab), "counts": counts, "words": words, "shards": len(local_files),
             "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files],
             "reused_shards": len(done)}
     # examples.json last: it marks a complete directory.

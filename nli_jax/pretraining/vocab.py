@@ -52,6 +52,12 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
         raise RunError(f"--vocab_size={vocab_size}: the corpus needs at least {len(vocab)} entries ({fixed} special "
                        f"tokens and placeholders and its alphabet, each character as a word start and a "
                        f"continuation): ask for {len(vocab)} or more (nothing was written)")
+    if len(vocab) < vocab_size:  # the trainers stop where the corpus runs out of words and pieces
+        import logging
+        logging.getLogger("nli_jax").warning(
+            "--vocab_size=%d: the corpus yields %d entries (%d special tokens and placeholders, %d words and pieces%s), "
+            "fewer than asked: vocab.txt has %d", vocab_size, len(vocab), fixed, len(vocab) - fixed,
+            f" seen at least {min_frequency} times" if algorithm == "wordpiece" else "", len(vocab))
     with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(vocab) + "\n")
     with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:

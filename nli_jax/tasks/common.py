@@ -6,6 +6,7 @@ HoASA) and word-level labelling (POS, NER, keyphrases, FacQA) differ only here.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,38 @@ from nli_jax.plan import TaskOptions, option
 from nli_jax.tasks.base import PER_EXAMPLE, Task
 
 
+# Characters per token a text is first cut to (then doubled until the cut holds enough tokens).
+CUT_CHARS_PER_TOKEN = 8
+_LAST_SPACE = re.compile(r"\s\S*$")
+
+
+def bounded_text(tokenizer, text: str, max_length: int) -> str:
+    """`text` cut, before it is tokenised whole, to what `max_length` tokens can use: to
+    CUT_CHARS_PER_TOKEN x max_length characters (back to a space, so no word is split), kept
+    when it still holds max_length tokens, else a longer cut is tried. A 16,000-word premise then
+    costs what a short one does, and its first max_length tokens are those of the whole text
+    (a word's tokens do not depend on the words after it)."""
+    budget = CUT_CHARS_PER_TOKEN * max(max_length, 32)
+    while len(text) > budget:
+        cut = text[:budget + 1]  # the character after the budget tells whether a word is cut
+        space = _LAST_SPACE.search(cut)
+        if space is not None and space.start() > budget // 2:
+            cut = cut[:space.start()]
+        else:
+            cut = cut[:budget]  # one long word, or a script without spaces (each character a token)
+        if len(tokenizer(cut, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]) >= max_length:
+            return cut
+        budget *= 4
+    return text
+
+
 def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> dict:
-    """Token ids for one text or a pair; long texts are cut from the longer one first."""
+    """Token ids for one text or a pair; long texts are cut from the longer one first. Each text
+    is cut before tokenisation to what max_length tokens can use (bounded_text): equal to
+    tokenising it whole, except that when both texts of a pair are longer than max_length, which
+    one keeps the odd token of an odd budget follows the cut lengths."""
+    text_a = bounded_text(tokenizer, text_a, max_length)
+    text_b = None if text_b is None else bounded_text(tokenizer, text_b, max_length)
     if text_b is None:
         enc = tokenizer(text_a, truncation=True, max_length=max_length)
     else:
@@ -28,6 +59,12 @@ def encode_text(tokenizer, text_a: str, text_b: str | None, max_length: int) -> 
     check_length(len(ids), max_length)
     types = np.asarray(enc.get("token_type_ids") or np.zeros_like(ids), np.int32)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+
+
+def bounded_words(tokenizer, words: list[str], max_length: int) -> list[str]:
+    """The words of a tagging example that max_length tokens can reach (the first max_length:
+    every later word is past them), each cut as bounded_text cuts a text."""
+    return [bounded_text(tokenizer, w, max_length) for w in words[:max_length]]
 
 
 def tokens_of_length(length: int) -> dict:
@@ -192,9 +229,12 @@ class TaggingTask(Task):
         label_ids = {name: i for i, name in enumerate(self.labels)}
 
         def encode(example):
-            words = example["tokens"]
+            # Only the first max_length words can be seen (word_mask below), each cut to what
+            # max_length tokens can use: a long sentence costs what a short one does.
+            words = bounded_words(tokenizer, example["tokens"], max_length)
             if self.question_field:
-                enc = tokenizer(example[self.question_field], words, is_split_into_words=True,
+                enc = tokenizer(bounded_words(tokenizer, example[self.question_field], max_length), words,
+                                is_split_into_words=True,
                                 truncation="longest_first", max_length=max_length)
                 target = 1
             else:

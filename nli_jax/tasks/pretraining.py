@@ -23,7 +23,7 @@ from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM
 from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptions, option
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
-from nli_jax.pretraining.examples import ExampleSource, create_examples
+from nli_jax.pretraining.examples import ExampleSource, check_vocabulary, create_examples, vocabulary_fingerprint
 from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, MaskingRule, continuation_table, ngram_span_lengths
 from nli_jax.tasks.base import Task, register
 from nli_jax.workdir import has_trained_state
@@ -115,6 +115,7 @@ class Pretraining(Task):
                     "sentence_task": p.sentence_task, "dupe_factor": p.dupe_factor, "seed": p.data_seed,
                     "heldout_permille": p.heldout_permille,
                     "vocab_dir": storage.origin(tokenizer) if tokenizer else None,
+                    "vocab_fingerprint": vocabulary_fingerprint(tokenizer) if tokenizer else None,
                     "corpus": [storage.origin(f) for f in corpus_files]}
         return [f"{k}: {meta[k]!r} -> {v!r}" for k, v in expected.items() if k in meta and meta[k] != v]
 
@@ -155,6 +156,7 @@ class Pretraining(Task):
                     multihost_utils.sync_global_devices("nli_jax pretraining examples")
         train = ExampleSource(directory, "train")
         meta = train.meta
+        check_vocabulary(directory, meta, vocabulary_dir(self.model))
         if len(train) == 0:
             source = (f"pretrain.corpus={list(p.corpus)}" if not p.examples_dir
                       else f"pretrain.examples_dir={p.examples_dir}")

@@ -80,6 +80,27 @@ def fit(task, evaluation) -> tuple[float, dict]:
                          "nll_after": metrics.negative_log_likelihood(logits, labels, temperature)}
 
 
+# Labelled validation predictions a temperature is fitted on, at least.
+MIN_FIT_PREDICTIONS = 10
+
+
+def not_a_fit(temperature: float, logits, labels) -> str | None:
+    """Why a fitted temperature is not one to use, or None: too few predictions to fit it on,
+    T at a bound of its range, or predictions that are all right (their NLL falls as T goes to 0:
+    no T minimises it, and where the fit stopped is no estimate)."""
+    count = len(labels)
+    if count < MIN_FIT_PREDICTIONS:
+        return (f"the validation split has {count} labelled prediction(s), fewer than the {MIN_FIT_PREDICTIONS} a "
+                "temperature is fitted on")
+    if any(math.isclose(temperature, bound) for bound in (metrics.MIN_TEMPERATURE, metrics.MAX_TEMPERATURE)):
+        return (f"the temperature fitted on {count} validation predictions reached its bound {temperature:g} (range "
+                f"[{metrics.MIN_TEMPERATURE:g}, {metrics.MAX_TEMPERATURE:g}]): no temperature minimises their NLL")
+    if bool(np.all(np.argmax(np.asarray(logits), -1) == np.asarray(labels))):
+        return (f"every one of the {count} validation predictions is right: their NLL falls as the temperature goes "
+                f"to 0, so no temperature minimises it (the fit stopped at {temperature:.3g})")
+    return None
+
+
 def report(task, evaluation, temperature: float | None, workdir: str) -> dict | None:
     """A split's calibration: raw and (with a temperature) scaled metrics, and its reliability
     diagram written to <workdir>/reliability_<split>.png; None for tasks without probabilities."""
@@ -157,11 +178,17 @@ class CalibrationHook(hooks.RunHook):
         if self.fit and task.validation_split in run.splits:
             validation = evaluations.get(task.validation_split) or run.evaluate(params, task.validation_split)
             if task.calibration_inputs(validation.examples, validation.predictions) is not None:
-                self.temperature, fitted = fit(task, validation)
-                results["calibration"] = dict(fitted, temperature=self.temperature)
-                # Stored with the best parameters, for evaluate / predict / export.
-                write_temperature(run.workdir, self.temperature, dict(results["calibration"],
-                                                                      best_step=results.get("best_step")))
+                temperature, fitted = fit(task, validation)
+                unfit = not_a_fit(temperature, *task.calibration_inputs(validation.examples, validation.predictions))
+                if unfit:  # neither stored nor exported as if it were fitted
+                    log.warning("calibration: %s; no temperature is stored or exported (probabilities unscaled)", unfit)
+                    results["calibration"] = dict(fitted, temperature=None, not_fitted=unfit)
+                else:
+                    self.temperature = temperature
+                    results["calibration"] = dict(fitted, temperature=self.temperature)
+                    # Stored with the best parameters, for evaluate / predict / export.
+                    write_temperature(run.workdir, self.temperature, dict(results["calibration"],
+                                                                          best_step=results.get("best_step")))
         elif self.temperature is not None:
             results["calibration"] = {"temperature": self.temperature, "from": self.source}
         if not self.report:

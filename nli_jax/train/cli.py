@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from nli_jax.errors import RunError
 from nli_jax.train import compilation
+from nli_jax.train.command_help import list_command_flags
 
 FLAGS = flags.FLAGS
 
@@ -89,12 +90,14 @@ def run(main) -> None:
         # traversed again by the interpreter's last garbage collections (1-2 s of every run).
         gc.freeze()
         return result
+    list_command_flags()
     app.run(_reporting_input_errors(with_cache), flags_parser=parse_flags)
 
 
 def run_offline(main) -> None:
     """app.run with one-line reports of config-key mistakes and input errors, and nothing else:
     no host allocator setting or compilation cache (launch.compile compiles for another platform)."""
+    list_command_flags()
     app.run(_reporting_input_errors(main), flags_parser=parse_flags)
 
 
@@ -103,6 +106,7 @@ def run_tool(main) -> None:
     missing file or too little disk space as one line, exit status 1."""
     from nli_jax.train import platforms
     platforms.skip_absent_tpu()
+    list_command_flags()
     app.run(_reporting_input_errors(main))
 
 

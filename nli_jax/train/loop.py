@@ -14,6 +14,7 @@ predictions.jsonl. What a run does besides (training dynamics, calibration) are 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -83,6 +84,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
+    workdir_lib.check_still_there(workdir, "the final evaluation's files were")
     params, evaluated_step = _best_params(run, state, bookkeeping)
     fields = dict(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
                   stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
@@ -92,6 +94,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     results["compilation"] = compilation.since(compiled_before)
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
              results["compilation"])
+    workdir_lib.check_still_there(workdir, "results.json, predictions.jsonl and the exports were")
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
         results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
@@ -182,9 +185,11 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                         flops_per_token=run.model.training_flops_per_token(plan.data.max_seq_length),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
+    selects = _selects_best_step(run)
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
     pending, padding = [], _Padding(bookkeeping.get("train_tokens"))
-    with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption:
+    finite = _FiniteSteps(run.workdir, ckpt, step, run_state, bookkeeping)
+    with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption, finite.stops(reporter):
         while step < steps.total_steps and not bookkeeping["stopped_early"]:
             local = next(train_iter)
             real_tokens = int(local["attention_mask"].sum())
@@ -195,23 +200,30 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             outcomes = metrics.pop(PER_EXAMPLE, None)
             for hook in hooks:
                 hook.after_step(step, outcomes, state["params"])
-            pending.append(metrics)
+            pending.append((step, metrics))
+            # Metrics are fetched (and checked finite) at log steps and before any evaluation or save:
+            # no host sync of their own, and a diverged step never reaches a checkpoint or best/.
             if step % steps.log_every == 0 or step == steps.total_steps:
-                _report(reporter, pending, step, steps)
+                _report(reporter, finite.check(pending), step, steps)
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
-                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping)
+                pending = finite.check(pending)
+                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping, selects=selects)
                 if bookkeeping["best_step"] == step:
                     best_evaluation = (step, evaluation)
             bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
             final = step == steps.total_steps or bookkeeping["stopped_early"]
             if step % steps.checkpoint_every == 0 or final:
+                pending = finite.check(pending)
+                workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
                 for hook in hooks:
                     hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, final=final)
+                finite.saved(step)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
                                         **run_state)
             if preemption.reached(step):
+                pending = finite.check(pending)
                 for hook in hooks:
                     hook.before_checkpoint(step)
                 ckpt.save(step, state, train_iter, bookkeeping, force=True)
@@ -376,6 +388,10 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
              "batch %d (accumulation %d)", run.task.name, type(model).__name__, model.config.model_type,
              n_params / 1e6, dict(run.mesh.shape), train_examples, steps.steps_per_epoch, steps.total_steps,
              batch.global_batch, batch.accumulation)
+    if batch.eval_batch_asked:
+        log.warning("train.eval_batch_size=%d: evaluation batches bounded to %d rows (%d tokens per data-parallel "
+                    "device at data.max_seq_length=%d; planner.EVAL_TOKENS_PER_DEVICE)", batch.eval_batch_asked,
+                    batch.global_eval_batch, planner.EVAL_TOKENS_PER_DEVICE, run.plan.data.max_seq_length)
     if run.batching.packing_groups:
         log.info("training batches packed (data.packing): several examples per row, each attending to itself, "
                  "in %d group(s) per process", run.batching.packing_groups)
@@ -384,18 +400,90 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
                  "per process", run.plan.batch.local_eval_batch, run.batching.eval_packing_groups)
 
 
+class NonFiniteStepError(RunError):
+    """A training step whose loss or gradient norm is NaN or Inf: the run stops, marked failed."""
+
+
+class _FiniteSteps:
+    """The loop's check that every step's loss and gradient norm are finite, made on metrics it
+    fetches anyway (log steps) and before each evaluation and checkpoint, so a diverged step is
+    never saved. `stops` turns the first bad step into one line naming it: the checkpoints
+    written before it are kept, and run.json says "failed" (never "finished")."""
+
+    def __init__(self, workdir: str, ckpt: Checkpointer, step: int, run_state: dict, bookkeeping: dict):
+        self.workdir, self.ckpt, self.run_state, self.bookkeeping = workdir, ckpt, run_state, bookkeeping
+        self.last_saved = step if step else None  # a resumed run's checkpoint
+
+    def saved(self, step: int) -> None:
+        self.last_saved = step
+
+    def check(self, pending: list) -> list:
+        """[(step, metrics)] fetched to the host (device_get: a no-op for fetched values), or a
+        NonFiniteStepError naming the first step whose loss or gradient norm is not finite."""
+        fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
+        for step, metrics in fetched:
+            bad = {k: float(metrics[k]) for k in ("loss_sum", "grad_norm") if k in metrics
+                   and not np.isfinite(metrics[k])}
+            if bad:
+                what = " and ".join(f"{'loss' if k == 'loss_sum' else 'gradient norm'} {v}" for k, v in bad.items())
+                raise NonFiniteStepError(step, what)
+        return fetched
+
+    @contextlib.contextmanager
+    def stops(self, reporter: Reporter):
+        try:
+            yield
+        except NonFiniteStepError as e:
+            step, what = e.args
+            self.ckpt.wait()
+            self.ckpt.close()
+            reporter.close()
+            workdir_lib.write_state(self.workdir, "failed", step=step, last_checkpoint=self.last_saved,
+                                    best_step=self.bookkeeping["best_step"], reason=f"step {step}: {what}",
+                                    **self.run_state)
+            kept = (f"its last checkpoint, step {self.last_saved}, was written before it and is kept"
+                    if self.last_saved else "no checkpoint was written before it")
+            raise NonFiniteStepError(
+                f"training step {step} of {self.run_state['total_steps']} computed {what}: the run diverged and "
+                f"stopped; {kept} (nothing after it was saved) and {self.workdir}/{workdir_lib.RUN_STATE_FILE} "
+                "says failed. Lower optimizer.lr or set optimizer.grad_clip (a new --workdir), or check model.init "
+                "and the data") from None
+
+
 def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> None:
-    """The logged steps' summed metrics (lr and gradient norm of the last one)."""
-    sums = jax.device_get(pending)
+    """The logged steps' summed metrics (lr and gradient norm of the last one); `pending`:
+    [(step, metrics)] as _FiniteSteps.check fetched them."""
+    sums = [metrics for _, metrics in pending]
     total = {k: float(np.sum([m[k] for m in sums])) for k in sums[0] if k not in ("lr", "grad_norm")}
     total.update(lr=float(sums[-1]["lr"]), grad_norm=float(sums[-1]["grad_norm"]))
     reporter.train(step, total, step / steps.steps_per_epoch)
 
 
+# Validation examples a best step is chosen on (and early stopping decided), at least.
+MIN_SELECTION_EXAMPLES = 10
+
+
+def _selects_best_step(run: RunSetup) -> bool:
+    """Whether the best step is chosen on the validation split: not for a task that reports its
+    final parameters, nor on fewer than MIN_SELECTION_EXAMPLES examples (one example's accuracy
+    is 0 or 1: the "best" step is the first that guesses it), logged."""
+    task = run.task
+    if task.reports_final_parameters:
+        return False
+    count = len(run.splits[task.validation_split])
+    if count < MIN_SELECTION_EXAMPLES:
+        log.warning("%s has %d example(s), fewer than the %d a best step is chosen on: the final parameters are "
+                    "kept and reported (best step = last step) and early stopping is off", task.validation_split,
+                    count, MIN_SELECTION_EXAMPLES)
+        return False
+    return True
+
+
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
-              bookkeeping: dict):
-    """Evaluates on the validation split, keeps the best parameters (a task that reports its final
-    parameters: the latest) and decides on early stopping; returns the SplitEvaluation."""
+              bookkeeping: dict, *, selects: bool = True):
+    """Evaluates on the validation split, keeps the best parameters (`selects` False: the latest,
+    as for a task that reports its final parameters) and decides on early stopping; returns the
+    SplitEvaluation."""
     task, patience = run.task, run.plan.train.early_stopping_patience
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
@@ -405,7 +493,7 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
     bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
                                    task.validation_split: tracked})
-    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or task.reports_final_parameters:
+    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or not selects:
         bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
     else:

@@ -278,6 +278,11 @@ def _task(plan: P.RunPlan, problems: list[str]):
     return None
 
 
+# Tokens (rows x data.max_seq_length) of an evaluation batch per data-parallel device, at most:
+# the shipped recipes' eval batches are below it (IndoNLI 64 x 512 on one device: 32,768).
+EVAL_TOKENS_PER_DEVICE = 65536
+
+
 def _batch_plan(data: P.DataPlan, train: P.TrainPlan, mesh: P.MeshPlan, task, processes: int,
                 process_index: int, training: bool, problems: list[str]) -> P.BatchPlan:
     batch, accumulation, parallel = train.batch_size, train.accumulation_steps, mesh.data_parallel
@@ -298,6 +303,11 @@ def _batch_plan(data: P.DataPlan, train: P.TrainPlan, mesh: P.MeshPlan, task, pr
     # Packing groups: one per data-parallel shard and micro-batch, each process packing its own.
     groups = accumulation * parallel
     packs = data.packing and task.packs_examples and groups % processes == 0 and batch % groups == 0
+    # Evaluation batches are bounded by tokens whatever train.eval_batch_size says (a huge one was
+    # killed at the first evaluation): at most EVAL_TOKENS_PER_DEVICE rows x max_seq_length tokens
+    # per data-parallel device. The loop logs the bound.
+    asked_eval = eval_batch
+    eval_batch = min(eval_batch, max(1, EVAL_TOKENS_PER_DEVICE // max_len) * parallel)
     # Evaluation packs one group per data-parallel device, each its share of the eval batch's rows.
     local_eval = max(1, eval_batch // processes)
     eval_packs = data.packing and task.packs_examples and parallel % processes == 0 and \
@@ -305,6 +315,7 @@ def _batch_plan(data: P.DataPlan, train: P.TrainPlan, mesh: P.MeshPlan, task, pr
     return P.BatchPlan(processes=processes, process_index=process_index, global_batch=batch,
                        local_batch=max(1, batch // processes), accumulation=accumulation, data_parallel=parallel,
                        global_eval_batch=eval_batch, local_eval_batch=local_eval,
+                       eval_batch_asked=asked_eval if asked_eval != eval_batch else 0,
                        buckets=buckets, packing_groups=groups // processes if packs else 0,
                        eval_packing_groups=parallel // processes if eval_packs else 0)
 

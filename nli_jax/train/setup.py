@@ -242,7 +242,18 @@ def training_examples(plan: RunPlan, task, splits: dict):
         source = pipeline.Subset(source, [i for i in range(len(source)) if source[i]["idx"] < limit])
     if plan.data.train_subset:
         wanted = read_subset(plan.data.train_subset, task.name)
-        positions = {str(source[i].get("id", source[i]["idx"])): i for i in range(len(source))}
+        positions, repeated = {}, set()
+        for i in range(len(source)):
+            key = str(source[i].get("id", source[i]["idx"]))
+            if key in positions:
+                repeated.add(key)
+            positions[key] = i
+        ambiguous = [i for i in wanted if i in repeated]
+        if ambiguous:  # a dict by id kept one row of each: 150 of 300 rows trained, without a word
+            raise RunError(f"--config.data.train_subset={plan.data.train_subset!r}: {len(ambiguous)} of its "
+                           f"{len(wanted)} ids name more than one row of task {task.name!r}'s training split (the "
+                           f"split repeats {len(repeated)} id(s), e.g. {sorted(ambiguous)[:5]}): a subset by id "
+                           "cannot tell them apart; give the training rows unique ids")
         unknown = [i for i in wanted if i not in positions]
         if unknown:
             raise RunError(f"--config.data.train_subset={plan.data.train_subset!r}: {len(unknown)} of its {len(wanted)} "
