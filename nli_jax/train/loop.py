@@ -78,7 +78,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     parameters evaluated on every split; returns (and writes) results.json."""
     setup_logging(workdir)
     compiled_before = compilation.totals()
-    run, steps, train_source, inputs = _checked_setup(plan, workdir)
+    run, steps, train_source, inputs = checked_setup(plan, workdir)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, bookkeeping, reused = train(run, steps, train_source)
@@ -105,7 +105,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     return results
 
 
-def _checked_setup(plan: RunPlan, workdir: str):
+def checked_setup(plan: RunPlan, workdir: str):
     """(run setup, step plan, training examples, the inputs' fingerprint), every check passed:
     the workdir's config and inputs against this run's, the data, the model and the steps."""
     workdir_lib.check_config(workdir, plan.config_json)
@@ -177,7 +177,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                                                per_example=bool(recorder and not recorder.every_steps),
                                                step_param_dtype=plan.model.step_param_dtype,
                                                data_parallel=plan.batch.accumulation_shards)
-    batches = _train_batches(run, train_source, steps.total_steps)
+    batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
     state, bookkeeping = _resume(ckpt, state, train_iter)
@@ -327,7 +327,7 @@ def _shape_key(batch: dict) -> tuple:
     return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
 
 
-def _train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
+def train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
     """This process's rows of each global training batch (a checkpointable grain iterable).
     Several processes: each pads (or packs) its rows to the shape the whole global batch needs,
     known from every example's length (gathered once here), so shapes agree with no per-step exchange.
