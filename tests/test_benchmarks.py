@@ -3,6 +3,7 @@ their JSON promises: every side's figures, the ratios as the sides' quotients, t
 on. The experiments of past issues (benchmarks/experiments/): tests/test_benchmarks_experiments.py."""
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -43,10 +44,21 @@ def test_benchmarks_leave_sys_path_alone_and_use_only_the_librarys_public_api():
                     pytest.fail(f"{path.name}:{node.lineno} uses a private name of nli_jax: .{node.attr}")
 
 
-def test_every_benchmark_has_a_smoke_test():
+def test_every_benchmark_has_a_smoke_test_and_the_docs_run_them_as_modules():
     tests = "".join(p.read_text(encoding="utf-8") for p in (REPO / "tests").glob("test_benchmarks*.py"))
     untested = [module_name(p) for p in SCRIPTS if f'"{module_name(p)}"' not in tests]
     assert not untested, f"no smoke test runs {untested}"
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "tests").glob("*.py"))]
+    modules = {module_name(p) for p in SCRIPTS} | {"benchmarks.harness"}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"python3? benchmarks/", text), f"{page.name} runs a benchmark by its path"
+        named = set(re.findall(r"\bbenchmarks(?:\.\w+)+", text)) - modules
+        named = {n for n in named if not n.split(".")[-1].isupper()  # benchmarks.NAME: a placeholder
+                 and not any(m.startswith(n + ".") or n.startswith(m + ".") for m in modules)}
+        assert not named, f"{page.name} names benchmark modules that do not exist: {sorted(named)}"
+        paths = {p for p in re.findall(r"\bbenchmarks/[\w/]+\.py", text) if not (REPO / p).is_file()}
+        assert not paths, f"{page.name} names benchmark files that do not exist: {sorted(paths)}"
 
 
 def test_time_sides_warms_up_rotates_the_first_side_and_summarises():
