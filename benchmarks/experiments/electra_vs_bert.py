@@ -136,14 +136,15 @@ def main():
                          f"{r.get('replaced_f1', float('nan')):.3f} |")
     text = "\n".join(lines)
     print(text, flush=True)
+    ratios = {"electra_over_bert_seconds": electra_seconds / bert_seconds}
+    if bert_curve[-1]["mlm_accuracy"]:
+        ratios["electra_over_bert_final_mlm_accuracy"] = electra_curve[-1]["mlm_accuracy"] / bert_curve[-1]["mlm_accuracy"]
     harness.write_result(
         args.json or os.path.join(args.workdir, "electra_vs_bert.json"),
         {"budget_s": budget, "bert_seconds": bert_seconds, "electra_seconds": electra_seconds,
          "electra_seconds_per_step": seconds_per_step, "bert": bert_curve, "electra": electra_curve,
          "exports": {"bert": os.path.join(bert_run, "export"), "electra": os.path.join(electra_dir, "export")}},
-        ratios={"electra_over_bert_final_mlm_accuracy": electra_curve[-1]["mlm_accuracy"]
-                / max(bert_curve[-1]["mlm_accuracy"], 1e-9),
-                "electra_over_bert_seconds": electra_seconds / max(bert_seconds, 1e-9)})
+        ratios=ratios)
     plot(args.png or os.path.join(args.workdir, "electra_vs_bert.png"), bert_curve, electra_curve)
 
 
