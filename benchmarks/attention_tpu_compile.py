@@ -3,12 +3,13 @@ lowered and compiled for an abstract TPU topology (no TPU needed) as forward + b
 of its outputs, batch-sharded over the topology's devices; prints the compiled temp memory and
 XLA's cost model (flops, optimal_seconds) per device.
 
-    python benchmarks/attention_tpu_compile.py                         # v4 2x2x1 and v3 2x2, BERT-large
-    python benchmarks/attention_tpu_compile.py --lengths 128 --chips v4
+    python -m benchmarks.attention_tpu_compile                         # v4 2x2x1 and v3 2x2, BERT-large
+    python -m benchmarks.attention_tpu_compile --lengths 128 --chips v4
 
 XLA's cost model does not see inside a Pallas kernel (a custom call; splash declares no cost
 estimate), so its flops and optimal_seconds count only the XLA ops around the kernel; temp
-memory is the compiler's own allocation and compares directly.
+memory is the compiler's own allocation and compares directly (ratios: splash's temp memory as
+a share of plain's, where plain needs any).
 """
 from __future__ import annotations
 
@@ -19,11 +20,9 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import argparse  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import harness  # noqa: E402
 
 TOPOLOGIES = {  # name -> get_topology_desc arguments (4 devices each)
     "v4": dict(topology_name="v4:2x2x1", chip_config_name="megacore", chips_per_host_bounds=(2, 2, 1)),
@@ -72,7 +71,7 @@ def measure(compiled) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--chips", nargs="+", default=["v4", "v3"], choices=sorted(TOPOLOGIES))
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512])
     parser.add_argument("--batch_per_device", type=int, default=32)
@@ -80,7 +79,8 @@ def main(argv=None):
     parser.add_argument("--head_dim", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args(argv)
-    rows = []
+    print(harness.line(), flush=True)
+    rows, ratios = [], {}
     for chip in args.chips:
         mesh = topology_mesh(chip)
         for length in args.lengths:
@@ -103,8 +103,12 @@ def main(argv=None):
             print(f"{r['chip']:4} {r['length']:4d} {'compile error (see the JSON line)':>60}")
             continue
         p, s = r["plain"], r["splash"]
+        if p["temp_bytes"]:
+            ratios[f"{r['chip']}_{r['length']}_splash_over_plain_temp_bytes"] = s["temp_bytes"] / p["temp_bytes"]
         print(f"{r['chip']:4} {r['length']:4d} {p['temp_bytes'] / 2**20:15.1f} {s['temp_bytes'] / 2**20:16.1f} "
               f"{p['optimal_seconds']:12.3e} {s['optimal_seconds']:13.3e}")
+    harness.write_result(args.json, {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "rows": rows},
+                         ratios=ratios)
     return rows
 
 

@@ -2,27 +2,22 @@
 across processes (the loop's path for several processes) against padding to max_seq_length
 (what several processes did before).
 
-    python benchmarks/bucket_padding.py                          # ../shared/data/indonli, MiniLM tokenizer
-    python benchmarks/bucket_padding.py --processes=4 --batch_size=32
+    python -m benchmarks.bucket_padding                          # ../shared/data/indonli, MiniLM tokenizer
+    python -m benchmarks.bucket_padding --processes=4 --batch_size=32
 
 Runs the loop's own pieces without devices: the task's encoder, pipeline.encoded_lengths (every
 example's length, as the loop gathers it once), and pipeline.train_dataset per process with the
-batching the loop builds (the task's, from the plan's buckets). It checks on the way that all processes pad each step to one length.
+batching the loop builds (the task's, from the plan's buckets). It checks on the way that all
+processes pad each step to one length. Ratios: padding to max_seq_length over each bucketed case's
+padding (padded tokens per real token).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.finetune_vs_transformers import default_model  # noqa: E402
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def epoch_padding(source, encode, batching, *, batch_size: int, processes: int, lengths, seed: int = 0):
@@ -46,16 +41,15 @@ def epoch_padding(source, encode, batching, *, batch_size: int, processes: int, 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    shared = os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__)))), "shared", "data"))
-    parser.add_argument("--train", default=os.path.join(shared, "indonli", "train.jsonl"))
-    parser.add_argument("--tokenizer", default=default_model())
+    parser = harness.parser(__doc__)
+    parser.add_argument("--train", default=os.path.join(harness.shared_data(), "indonli", "train.jsonl"))
+    parser.add_argument("--tokenizer", default=harness.minilm_dir())
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=16, help="global batch (the IndoNLI recipe's 16)")
     parser.add_argument("--max_seq_length", type=int, default=512)
+    parser.add_argument("--limit", type=int, default=0, help="the first N pairs only (0: all)")
     args = parser.parse_args(argv)
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(harness.line(), flush=True)  # ratios differ between CPUs
     if not os.path.isfile(args.train):
         sys.exit(f"{args.train} not found (set NLI_JAX_SHARED_DATA or --train)")
     if not args.tokenizer:
@@ -72,10 +66,11 @@ def main(argv=None):
     config.data.max_seq_length = args.max_seq_length
     config.data.packing = False  # padding only: what this benchmark measures
     plan = build_plan(config, training=False)
-    task = create_task(plan)
     tokenizer = load_tokenizer(args.tokenizer)
+    task = create_task(plan).bind(tokenizer)
     encode = task.encoder(tokenizer)
-    source = InMemorySource(task.read_file(args.train, labelled=True))
+    examples = task.read_file(args.train, labelled=True)
+    source = InMemorySource(examples[:args.limit] if args.limit else examples)
     bucketed = task.batching(tokenizer, plan.batch)
     buckets = bucketed.buckets
     to_max = dataclasses.replace(bucketed, buckets=(args.max_seq_length,))
@@ -83,17 +78,25 @@ def main(argv=None):
 
     print(f"{len(source)} pairs of {args.train}, tokenizer {args.tokenizer}, global batch {args.batch_size}, "
           f"{args.processes} processes, buckets {buckets}")
-    ratios = {}
+    padding = {}
     for name, batching, table in ((f"buckets agreed across {args.processes} processes", bucketed, lengths),
                                   ("one process, buckets", bucketed, None),
                                   (f"max_seq_length {args.max_seq_length}", to_max, None)):
         processes = 1 if table is None and batching is bucketed else args.processes
         real, padded, per_length = epoch_padding(source, encode, batching, batch_size=args.batch_size,
                                                  processes=processes, lengths=table)
-        ratios[name] = (padded - real) / real
+        padding[name] = {"padded_per_real_token": (padded - real) / real, "real_tokens": real, "positions": padded,
+                         "steps_per_length": {str(k): v for k, v in sorted(per_length.items())}}
         print(f"{name}: {(padded - real) / real:.3f} padded tokens per real token ({padded:,} positions for "
               f"{real:,} tokens; steps per length {dict(sorted(per_length.items()))})", flush=True)
-    return ratios
+    full = padding[f"max_seq_length {args.max_seq_length}"]["padded_per_real_token"]
+    agreed, one = (padding[name]["padded_per_real_token"] for name in list(padding)[:2])
+    ratios = {"max_seq_length_over_agreed_buckets_padding": full / agreed,
+              "max_seq_length_over_one_process_buckets_padding": full / one}
+    harness.write_result(args.json, {"train": args.train, "pairs": len(source), "tokenizer": args.tokenizer,
+                                     "processes": args.processes, "batch_size": args.batch_size, "buckets": buckets,
+                                     "cases": padding}, ratios=ratios)
+    return padding
 
 
 if __name__ == "__main__":

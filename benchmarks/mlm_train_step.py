@@ -1,7 +1,7 @@
 """MLM training step (forward, backward, clipped AdamW update): nli-jax vs transformers' PyTorch eager.
 
-    python benchmarks/mlm_train_step.py                 # BERT-base, batch 8 x seq 128, fp32
-    python benchmarks/mlm_train_step.py --model tiny-bert --rounds 1 --steps 1   # smoke run
+    python -m benchmarks.mlm_train_step                 # BERT-base, batch 8 x seq 128, fp32
+    python -m benchmarks.mlm_train_step --model tiny-bert --rounds 2 --steps 1   # smoke run
 
 Sides (--sides):
   nli-jax              the pretraining loop's own step: nli_jax.train.loop.initial_state_and_step
@@ -25,16 +25,10 @@ machine noise hits all; min / median / max step time per side and the ratio of m
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import json
 import os
-import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # As the command line does, before JAX runs anything or anything is printed (it may re-execute the
 # interpreter; PyTorch shares the process and the allocator setting).
 from nli_jax.train import host_memory  # noqa: E402
@@ -56,13 +50,12 @@ from nli_jax.train import mesh as mesh_lib  # noqa: E402
 from nli_jax.train.loop import initial_state_and_step  # noqa: E402
 from nli_jax.train.optimizers import make_optimizer  # noqa: E402
 from nli_jax.train.planner import build_plan  # noqa: E402
+from nli_jax.train.setup import StepSetup  # noqa: E402
 from nli_jax.train.steps import check_dropout_streams  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
+
 SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
 
 
 def make_batch(vocab, batch, length, predictions, seed=0):
@@ -94,7 +87,7 @@ def pretraining_plan(lr: float):
 
 def loop_step_fn(model, plan, seed=0):
     """The step nli_jax.train.loop.train() runs: its own initial_state_and_step, placed as it places it."""
-    task = create_task(plan)
+    task = create_task(plan)  # its loss on given batches: nothing of the tokenizer needed
     check_dropout_streams(model)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
     batch_sharding = mesh_lib.batch_sharding(mesh, plan.mesh.rules)
@@ -102,8 +95,9 @@ def loop_step_fn(model, plan, seed=0):
     param_shardings = mesh_lib.param_shardings(model, mesh, plan.mesh.rules)
     params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
     tx, schedule = make_optimizer(plan.optimizer, total_steps=1_000_000, steps_per_epoch=1_000_000, warmup_steps=0)
-    state, step = initial_state_and_step(graphdef, rest, params, param_shardings, mesh, batch_sharding, task, tx,
-                                         schedule, seed=seed, accumulation=1)
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, seed=seed))
+    steps = StepSetup(plan, task, graphdef, rest, param_shardings, batch_sharding, mesh)
+    state, step = initial_state_and_step(steps, params, tx, schedule)
     holder = [state]
 
     def run(batch):
@@ -173,7 +167,7 @@ def torch_step_fn(config, opt_cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default="indobert-base", help="preset name (nli_jax.models.PRESETS)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
@@ -182,9 +176,8 @@ def main():
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
-    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    print(f"{machine.line()}; host allocator: {HOST_MALLOC}", flush=True)  # ratios differ between CPUs
+    print(f"{harness.line()}; host allocator: {HOST_MALLOC}", flush=True)  # ratios differ between CPUs
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or set(sides) - set(SIDES):
         parser.error(f"--sides: expected some of {', '.join(SIDES)}, got {args.sides!r}")
@@ -192,7 +185,7 @@ def main():
     config = preset(args.model, max_position_embeddings=max(512, args.seq))
     plan = pretraining_plan(args.lr)
     batch = make_batch(config.vocab_size, args.batch, args.seq, args.predictions)
-    runners, compile_s, torch = {}, {}, None
+    calls, torch = {}, None
     for name in sides:
         if name == "nli-jax":
             run, convert = loop_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
@@ -200,62 +193,32 @@ def main():
             run, convert = handwritten_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
         else:
             run, convert, torch = torch_step_fn(config, plan.optimizer)
-        b = convert(batch)
-        t0 = time.perf_counter()
-        run(b)  # nli-jax: compilation; PyTorch: allocator, oneDNN primitives
-        compile_s[name] = time.perf_counter() - t0
-        run(b)  # warm-up
-        runners[name] = (run, b)
-
-    times = {name: [] for name in sides}
-    for r in range(args.rounds):
-        order = sides[r % len(sides):] + sides[:r % len(sides)]
-        for name in order:
-            run, b = runners[name]
-            for _ in range(args.steps):
-                t = time.perf_counter()
-                run(b)
-                times[name].append(time.perf_counter() - t)
+        calls[name] = functools.partial(run, convert(batch))
+    # Warm-up: nli-jax's first step compiles; PyTorch's sets up its allocator and oneDNN primitives.
+    timings = harness.time_sides(calls, rounds=args.rounds, calls=args.steps, warmup=2)
 
     tokens = args.batch * args.seq
     result = {"model": args.model, "batch": args.batch, "seq": args.seq, "max_predictions": args.predictions,
               "optimizer": dataclasses.asdict(plan.optimizer), "rounds": args.rounds, "steps_per_round": args.steps,
-              "cpu_count": os.cpu_count(), "machine": machine.describe(),
               "jax": jax.__version__, "torch": torch.__version__ if torch else None,
-              "torch_threads": torch.get_num_threads() if torch else None,
+              "torch_threads": torch.get_num_threads() if torch else None, "host_allocator": HOST_MALLOC,
               "nli_jax_step": "nli_jax.train.loop.initial_state_and_step (make_train_step), pretraining task, "
-                              "donated state"}
-    for name in sides:
-        ts = times[name]
-        med = statistics.median(ts)
-        result[name] = {"median_step_s": round(med, 4), "min_step_s": round(min(ts), 4), "max_step_s": round(max(ts), 4),
-                        "tokens_per_s": round(tokens / med, 1), "steps": len(ts),
-                        "step_times_s": [round(t, 4) for t in ts]}
-    if "nli-jax" in sides:
-        result["jax_compile_s"] = round(compile_s["nli-jax"], 1)
-    if "nli-jax-handwritten" in sides:
-        result["jax_handwritten_compile_s"] = round(compile_s["nli-jax-handwritten"], 1)
+                              "donated state", "sides": {}}
+    for name, timing in timings.items():
+        result["sides"][name] = dict(timing.summary(), tokens_per_s=tokens / timing.median, step_times_s=timing.times)
     print(f"MLM train step, {args.model}, batch {args.batch} x seq {args.seq}, fp32, clipped AdamW, {os.cpu_count()} "
           f"cores; {args.rounds} rounds x {args.steps} steps per side")
-    print(f"  {'side':20s} {'tokens/s':>9s}   step s: {'min':>7s} {'median':>7s} {'max':>7s}")
-    for name in sides:
-        r = result[name]
-        print(f"  {name:20s} {r['tokens_per_s']:9.1f}           {r['min_step_s']:7.3f} {r['median_step_s']:7.3f} "
-              f"{r['max_step_s']:7.3f}")
-    if "pytorch-eager" in sides:
-        for name, key in (("nli-jax", "ratio_nli_jax_over_pytorch"),
-                          ("nli-jax-handwritten", "ratio_handwritten_over_pytorch")):
-            if name in sides:
-                # tokens/s ratio = ratio of the median step times, PyTorch over nli-jax
-                result[key] = round(result["pytorch-eager"]["median_step_s"] / result[name]["median_step_s"], 3)
-                print(f"  ratio {name} / pytorch-eager (tokens/s, medians): {result[key]:.2f}x")
-    if "nli-jax" in sides and "nli-jax-handwritten" in sides:
-        result["ratio_loop_step_over_handwritten"] = round(
-            result["nli-jax-handwritten"]["median_step_s"] / result["nli-jax"]["median_step_s"], 3)
-        print(f"  ratio nli-jax (loop step) / nli-jax-handwritten: {result['ratio_loop_step_over_handwritten']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print(f"  {'side':20s} {'tokens/s':>9s}   step s: {'min':>7s} {'median':>7s} {'max':>7s}   first (compile) s")
+    for name, r in result["sides"].items():
+        print(f"  {name:20s} {r['tokens_per_s']:9.1f}           {r['min_s']:7.3f} {r['median_s']:7.3f} "
+              f"{r['max_s']:7.3f}   {r['first_call_s']:.1f}")
+    # tokens/s ratio = ratio of the median step times, the denominator's over the numerator's
+    ratios = {f"{a}_over_{b}_tokens_per_s".replace("-", "_"): timings[b].median / timings[a].median
+              for a, b in (("nli-jax", "pytorch-eager"), ("nli-jax-handwritten", "pytorch-eager"),
+                           ("nli-jax", "nli-jax-handwritten")) if a in sides and b in sides}
+    for name, value in ratios.items():
+        print(f"  ratio {name}: {value:.2f}x")
+    harness.write_result(args.json, result, ratios=ratios)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 """Training steps/s of a 2-process CPU run (finetune.main cpu_test, 127.0.0.1 coordinator), to
 compare the loop's preemption check between code versions: run it here and on another checkout.
 
-    python benchmarks/multiprocess_steps.py                            # this checkout
-    git archive HEAD | tar -x -C /tmp/before && python benchmarks/multiprocess_steps.py --repo=/tmp/before
+    python -m benchmarks.multiprocess_steps                            # this checkout
+    git archive 694b415 | tar -x -C /tmp/before && python -m benchmarks.multiprocess_steps --repo=/tmp/before
 
 Both processes pad to max_seq_length (data.pad_to_max_length) so that only the loop differs
 between versions, not the batch shapes. steps/s is the median over the log intervals after the
-first (compilation), from metrics.jsonl's examples/s and the global batch.
+first (compilation), from metrics.jsonl's examples/s and the global batch. --peer_repo runs another
+checkout the same way, alternating with this one, and gives the ratio of the medians.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -19,9 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def free_port() -> int:
@@ -55,18 +53,33 @@ def run(repo: str, steps: int, log_every: int, processes: int, devices: int) -> 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--repo", default=harness.REPO, help="the checkout to run (default: this one)")
+    parser.add_argument("--peer_repo", default="", help="another checkout, run alternately with --repo")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--log_every", type=int, default=50)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--devices", type=int, default=1, help="CPU devices per process")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
-    print(machine.line(), flush=True)  # ratios differ between CPUs
-    rates = [run(args.repo, args.steps, args.log_every, args.processes, args.devices) for _ in range(args.repeats)]
-    print(f"{args.repo}: {args.processes} processes x {args.devices} CPU device(s), {args.steps} steps: "
-          f"{' '.join(f'{r:.1f}' for r in rates)} steps/s (median of log intervals)")
+    print(harness.line(), flush=True)  # ratios differ between CPUs
+    repos = {"repo": args.repo, **({"peer_repo": args.peer_repo} if args.peer_repo else {})}
+    rates = {name: [] for name in repos}
+    for r in range(args.repeats):
+        for name in (list(repos) if r % 2 == 0 else list(repos)[::-1]):
+            rates[name].append(run(repos[name], args.steps, args.log_every, args.processes, args.devices))
+    result = {"processes": args.processes, "devices": args.devices, "steps": args.steps, "sides": {}}
+    for name, values in rates.items():
+        result["sides"][name] = {"steps_per_s": values, "median_steps_per_s": statistics.median(values),
+                                 "path": os.path.abspath(repos[name])}
+        print(f"{repos[name]}: {args.processes} processes x {args.devices} CPU device(s), {args.steps} steps: "
+              f"{' '.join(f'{v:.1f}' for v in values)} steps/s (median of log intervals)")
+    ratios = {}
+    if args.peer_repo:
+        ratios["repo_over_peer_repo_steps_per_s"] = (result["sides"]["repo"]["median_steps_per_s"]
+                                                     / result["sides"]["peer_repo"]["median_steps_per_s"])
+        print(f"ratio {args.repo} / {args.peer_repo} (steps/s, medians): {ratios['repo_over_peer_repo_steps_per_s']:.3f}")
+    harness.write_result(args.json, result, ratios=ratios)
     return rates
 
 

@@ -1,8 +1,8 @@
 """Peak host memory of creating a model on 8 fake CPU devices: sharded init with fsdp=8 against
 data=8 (every device a full replica), one fresh subprocess per case (ru_maxrss).
 
-    python benchmarks/sharded_init_memory.py                      # indobert-large, 3 labels
-    python benchmarks/sharded_init_memory.py --preset=indobert-base --devices=8
+    python -m benchmarks.sharded_init_memory                      # indobert-large, 3 labels
+    python -m benchmarks.sharded_init_memory --preset=indobert-base --devices=8
 
 Fake CPU devices live in host memory, so the device buffers count in the RSS: data=8 holds 8
 copies, fsdp=8 one copy cut in 8. "sharded init" is the loop's path for a model from scratch
@@ -22,44 +22,45 @@ import os
 import subprocess
 import sys
 
-CASE = r"""
-import json, resource, sys
-import jax
-jax.config.update("jax_num_cpu_devices", int(sys.argv[3]))
-from flax import nnx
-from configs.finetune_common import MESH_RULES
-from nli_jax.models import ForSequenceClassification, make_rngs, preset
-from nli_jax.train import mesh as mesh_lib
-from nli_jax.train.sharding import create_sharded
-
-preset_name, shape, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[4]
-create = lambda: ForSequenceClassification(preset(preset_name), num_labels=3, rngs=make_rngs(0))
-mesh = mesh_lib.make_mesh(shape)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if how == "sharded":
-    model, params, _ = create_sharded(create, mesh, MESH_RULES)
-else:
-    model = create()
-    shardings = mesh_lib.param_shardings(model, mesh, MESH_RULES)
-    params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
-jax.block_until_ready(params)
-leaves = jax.tree.leaves(params)
-print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "rss_before_kib": before,
-                  "param_bytes": sum(x.nbytes for x in leaves),
-                  "bytes_on_device_0": sum(s.data.nbytes for x in leaves for s in x.addressable_shards
-                                           if s.device == jax.devices()[0])}))
-"""
+from benchmarks import harness
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+def run_case(preset_name: str, shape: dict, devices: int, how: str) -> dict:
+    """One case, in this (fresh) process: the model created, its parameters placed; the peak RSS."""
+    import resource
+
+    import jax
+    jax.config.update("jax_num_cpu_devices", devices)
+    from flax import nnx
+
+    from configs.finetune_common import MESH_RULES
+    from nli_jax.models import ForSequenceClassification, make_rngs, preset
+    from nli_jax.train import mesh as mesh_lib
+    from nli_jax.train.sharding import create_sharded
+
+    def create():
+        return ForSequenceClassification(preset(preset_name), num_labels=3, rngs=make_rngs(0))
+    mesh = mesh_lib.make_mesh(shape)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if how == "sharded":
+        model, params, _ = create_sharded(create, mesh, MESH_RULES)
+    else:
+        model = create()
+        shardings = mesh_lib.param_shardings(model, mesh, MESH_RULES)
+        params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
+    jax.block_until_ready(params)
+    leaves = jax.tree.leaves(params)
+    return {"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "rss_before_kib": before,
+            "param_bytes": sum(x.nbytes for x in leaves),
+            "bytes_on_device_0": sum(s.data.nbytes for x in leaves for s in x.addressable_shards
+                                     if s.device == jax.devices()[0])}
 
 
 def measure(preset: str, shape: dict, devices: int, how: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", CASE, preset, json.dumps(shape), str(devices), how], cwd=repo,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.sharded_init_memory", f"--preset={preset}",
+                           f"--devices={devices}", f"--_case={json.dumps([shape, how])}"], cwd=harness.REPO,
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{preset} {shape} {how}: exit status {proc.returncode}: {proc.stderr[-3000:]}")
@@ -67,12 +68,17 @@ def measure(preset: str, shape: dict, devices: int, how: str) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--preset", default="indobert-large")
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--data_sharded", action="store_true", help="also data=N with sharded init (much memory)")
+    parser.add_argument("--_case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    if args._case:
+        shape, how = json.loads(args._case)
+        print(json.dumps(run_case(args.preset, shape, args.devices, how)))
+        return
+    print(harness.line(), flush=True)  # ratios differ between CPUs
     n = args.devices
     cases = [(f"fsdp={n}, sharded init", {"data": 1, "fsdp": n}, "sharded"),
              (f"data={n}, host init then placed", {"data": n}, "host"),
@@ -88,6 +94,8 @@ def main(argv=None):
               f"{r['bytes_on_device_0'] / 2**30:.3f} GiB on device 0)", flush=True)
     fsdp, data = results[cases[0][0]]["peak_rss_kib"], results[cases[1][0]]["peak_rss_kib"]
     print(f"peak RSS fsdp={n} / data={n}: {fsdp / data:.3f}")
+    harness.write_result(args.json, {"preset": args.preset, "devices": n, "cases": results},
+                         ratios={f"fsdp{n}_sharded_over_data{n}_host_peak_rss": fsdp / data})
     return results
 
 

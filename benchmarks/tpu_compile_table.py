@@ -2,27 +2,27 @@
 each, one at a time): fits or not, HBM per device, the compiler's step time and the hours it
 projects, against the IndoNLU paper's Table 4 hours on the same v3-8 where it has them.
 
-    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table            # every row
-    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --only=pretrain
-    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --extra=--config.model.remat=full
-    python benchmarks/tpu_compile_table.py --workdir=/tmp/tpu_table --match=indobert_lite   # recompile these rows
+    python -m benchmarks.tpu_compile_table --workdir=/tmp/tpu_table            # every row
+    python -m benchmarks.tpu_compile_table --workdir=/tmp/tpu_table --only=pretrain
+    python -m benchmarks.tpu_compile_table --workdir=/tmp/tpu_table --extra=--config.model.remat=full
+    python -m benchmarks.tpu_compile_table --workdir=/tmp/tpu_table --match=indobert_lite   # recompile these rows
+    python -m benchmarks.tpu_compile_table --workdir=/tmp/t --row=configs/indonli_base.py:cpu_test@v4-8  # one row
 
 Each row's JSON report stays in --workdir (a rerun reuses the reports it finds: --fresh
-recompiles); the markdown table is printed and written to <workdir>/table.md.
+recompiles); the markdown table is printed and written to <workdir>/table.md, the rows (and the
+paper's hours over the projected ones, where it has them) to --json (default <workdir>/table.json).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import harness
 
-from benchmarks.machine import line as machine_line  # noqa: E402
+REPO = Path(harness.REPO)
 
 PRETRAIN_MODELS = ("indobert_base", "indobert_large", "indobert_lite_base", "indobert_lite_large")
 FINETUNE_CONFIGS = ("indonli_large.py", "indonli_base.py", "indonli_lite.py", "indonli_xlmr_large.py",
@@ -69,6 +69,15 @@ def run_row(config: str, topology: str, extra: list[str], path: Path, fresh: boo
     return json.loads(path.read_text())
 
 
+def projected_hours(config: str, report: dict) -> tuple[float, float | None] | None:
+    """(the hours the compiler's step time projects for the phase's steps, Table 4's hours or
+    None), for a pretraining row that fits with an estimate; else None."""
+    paper, step = paper_hours(config), report.get("train_step", {})
+    if not paper or not step.get("fits") or step.get("compiler_estimated_seconds") is None:
+        return None
+    return step["compiler_estimated_seconds"] * paper[1] / 3600, paper[0]
+
+
 def table_line(config: str, topology: str, extra: list[str], report: dict) -> str:
     name = config.replace("configs/", "") + (" " + " ".join(extra) if extra else "")
     if "error" in report:
@@ -88,7 +97,7 @@ def table_line(config: str, topology: str, extra: list[str], report: dict) -> st
                 f"{step['compile_seconds']:.0f} s | |")
     hours = ""
     if paper:
-        projected = step["compiler_estimated_seconds"] * paper[1] / 3600
+        projected = projected_hours(config, report)[0]
         hours = f"{projected:.1f} h for {paper[1]:,} steps" + (f" (paper {paper[0]} h, x{paper[0] / projected:.2f})"
                                                                if paper[0] else "")
     return (f"| {name} | {topology} | {shape} | {setting} | yes, {step['total_gib']:.2f} GiB "
@@ -97,30 +106,41 @@ def table_line(config: str, topology: str, extra: list[str], report: dict) -> st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--only", default="", choices=("", "pretrain", "finetune"))
     parser.add_argument("--extra", action="append", default=[], help="flags added to every row's command")
     parser.add_argument("--fresh", action="store_true", help="recompile the rows whose reports --workdir holds")
     parser.add_argument("--match", action="append", default=[],
                         help="recompile only the rows whose config contains this (others: their reports)")
+    parser.add_argument("--row", action="append", default=[],
+                        help="CONFIG@TOPOLOGY: this row instead of the shipped recipes' (repeatable)")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    print(machine_line(), flush=True)
+    print(harness.line(), flush=True)
     lines = ["| config | topology | batch | setting | fits (HBM per device) | compiler step time | compile | "
              "projected hours |", "|---|---|---|---|---|---|---|---|"]
-    for group, config, topology, extra in rows(args.only):
+    chosen = ([("row", *r.rsplit("@", 1), []) for r in args.row] if args.row else rows(args.only))
+    reports, ratios = [], {}
+    for group, config, topology, extra in chosen:
         extra = extra + args.extra
         key = (config + "_" + topology + "_" + "_".join(extra)).replace("/", "_").replace(":", "_").replace(" ", "")
         key = "".join(c if c.isalnum() or c in "._-=" else "_" for c in key)
         print(f"{config} on {topology} {' '.join(extra)}", flush=True)
         fresh = args.fresh or any(m in config + " " + topology for m in args.match)
-        lines.append(table_line(config, topology, extra, run_row(config, topology, extra, workdir / f"{key}.json",
-                                                                 fresh)))
+        report = run_row(config, topology, extra, workdir / f"{key}.json", fresh)
+        lines.append(table_line(config, topology, extra, report))
+        hours = projected_hours(config, report)
+        reports.append({"config": config, "topology": topology, "extra": extra, "report": report,
+                        "projected_hours": hours and hours[0], "paper_hours": hours and hours[1]})
+        if hours and hours[1]:
+            name = f"{config.replace('configs/', '')}@{topology}{' ' + ' '.join(extra) if extra else ''}"
+            ratios[f"{name}: paper_over_projected_hours"] = hours[1] / hours[0]
         print(lines[-1], flush=True)
     (workdir / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    harness.write_result(args.json or str(workdir / "table.json"), {"rows": reports}, ratios=ratios)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def test_auto_on_a_tpu_mesh_is_splash_unless_dropout_is_active():
     assert chosen() == "splash"
     assert chosen(dropout_active=True) == "plain"
     assert chosen(length=96) == "plain"
-    # TPU v3's Mosaic has no bfloat16 matmuls in the kernel (benchmarks/attention_tpu_compile.py).
+    # TPU v3's Mosaic has no bfloat16 matmuls in the kernel (python -m benchmarks.attention_tpu_compile).
     assert chosen(mesh=tpu_mesh("TPU v3")) == "plain"
     assert chosen(mesh=tpu_mesh("TPU v3"), dtype=jnp.float32) == "splash"
     with jax.sharding.use_abstract_mesh(mesh):
@@ -295,9 +295,8 @@ def test_splash_compiles_for_tpu_with_less_memory():
     bfloat16 at length 512: the program holds the Mosaic kernel and needs under half the plain
     path's temp memory (measured: 393 MiB against 1024 MiB)."""
     pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "attention_tpu_compile.py"),
-                           "--chips", "v4", "--lengths", "512"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": REPO})
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.attention_tpu_compile", "--chips", "v4", "--lengths", "512"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     row = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))

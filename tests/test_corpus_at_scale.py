@@ -1,7 +1,7 @@
 """Corpus tools at Indo4B scale: create_examples restarts where it stopped after a SIGKILL and
 never leaves shards a run would read as complete; settings changes rebuild; free disk space is
 checked before anything is written; the vocabulary trains on a seeded sample of a large corpus.
-(Memory and throughput on 0.3 GB and 3 GB corpora: benchmarks/corpus_at_scale.py.)"""
+(Memory and throughput on 0.3 GB and 3 GB corpora: python -m benchmarks.corpus_at_scale.)"""
 import collections
 import os
 import signal

@@ -254,7 +254,7 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     get a wrong label, seeded; after 4 epochs of MiniLM the flipped ones fill the hard-to-learn
     third and the lowest-confidence examples, and none is easy to learn. (Measured: 42 of the 50
     in the hard third, 25 among the 50 lowest-confidence, 0 easy.) The IndoNLI version, at a
-    scale that learns (3,000 pairs), is benchmarks/dynamics_and_calibration_indonli.py:
+    scale that learns (3,000 pairs), is benchmarks/experiments/dynamics_and_calibration_indonli.py:
     docs/training_dynamics_and_calibration.md. The same run's temperature, fitted on validation,
     lowers the validation NLL."""
     import random

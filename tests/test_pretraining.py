@@ -433,9 +433,8 @@ def test_mlm_leaves_its_plateau_as_transformers_does():
     token whose neighbour holds it), nli-jax's ForMaskedLM and transformers' BertForMaskedLM, from the
     same weights on the same batches, both leave the uniform-loss plateau (ln 1990 = 7.6) and agree
     all the way down. A bug in attention, positions or the tied decoder would show here once the
-    model starts to use context; benchmarks/mlm_plateau_toy.py prints the full table."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import mlm_plateau_toy
+    model starts to use context; `python -m benchmarks.experiments.mlm_plateau_toy` prints the full table."""
+    from benchmarks.experiments import mlm_plateau_toy
 
     rows = mlm_plateau_toy.run_seed(0, steps=800, report_every=200, batch=32, length=8, vocab=2000, lr=3e-4)
     assert [s for s, _, _ in rows] == [200, 400, 600, 800]
@@ -445,7 +444,7 @@ def test_mlm_leaves_its_plateau_as_transformers_does():
 
 
 def test_the_cpu_learn_variant_carries_the_measured_recipe():
-    """configs/pretrain/*:cpu_learn is the recipe benchmarks/pretrain_recipe_search.py measured
+    """configs/pretrain/*:cpu_learn is the recipe benchmarks.experiments.pretrain_recipe_search measured
     leaving the plateau (accuracy at [MASK] inputs 1.25x -> 6.5x the constant between steps 3,000 and 4,000)."""
     from configs.pretrain import electra_small, indobert_base, indobert_lite_base
     c = indobert_base.get_config("cpu_learn")

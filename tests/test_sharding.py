@@ -221,29 +221,3 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
     assert f"at step {saved[0]}" in outputs[0] and "resumed from" in outputs[0]
     assert (tmp_path / "run" / "results.json").is_file()
-
-
-@pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
-def test_bucket_padding_benchmark_on_real_indonli(shared_data, minilm_dir):
-    """benchmarks/bucket_padding.py: buckets agreed across 2 processes pad exactly as one process
-    does, far less than max_seq_length 512 (the script also checks that the processes agree)."""
-    train = shared_data / "indonli" / "train.jsonl"
-    if not train.is_file():
-        pytest.skip(f"{train} not found")
-    proc = subprocess.run([sys.executable, "benchmarks/bucket_padding.py", f"--train={train}",
-                           f"--tokenizer={minilm_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    print(proc.stdout)
-    ratio = {line.split(":")[0]: float(line.split(": ")[1].split()[0]) for line in proc.stdout.splitlines()
-             if "padded tokens per real token" in line}
-    agreed, one, full = ratio["buckets agreed across 2 processes"], ratio["one process, buckets"], ratio[
-        "max_seq_length 512"]
-    assert agreed == one and agreed < full / 2
-
-
-@pytest.mark.slow
-def test_sharded_init_memory_benchmark_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "benchmarks/sharded_init_memory.py", "--preset=tiny-bert"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "fsdp=8, sharded init: peak RSS" in proc.stdout and "peak RSS fsdp=8 / data=8:" in proc.stdout

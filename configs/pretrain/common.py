@@ -148,7 +148,7 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
 def apply_cpu_learn(c: ml_collections.ConfigDict, electra: bool = False) -> None:
     """A from-scratch MLM recipe that leaves BERT's unigram plateau on a 2-core CPU: 2 layers x 128
     (2 heads), 32-token segments, no sentence task, batch 64, AdamW 1e-3 after 1,000 warmup steps,
-    beta2 0.98, constant. Found by benchmarks/pretrain_recipe_search.py on id_corpus_sample with a
+    beta2 0.98, constant. Found by benchmarks/experiments/pretrain_recipe_search.py on id_corpus_sample with a
     2,000-piece WordPiece vocabulary: accuracy at [MASK] inputs 1.25x the best constant at step
     3,000, 6.5x at 4,000, 14.3x at 10,000 (held-out MLM accuracy 13% -> 25% -> 42%;
     docs/pretraining_id_corpus_sample.md); rates of 2e-4 to 5e-4 with 100 warmup steps stay
@@ -160,7 +160,7 @@ def apply_cpu_learn(c: ml_collections.ConfigDict, electra: bool = False) -> None
     if electra:
         # ELECTRA-small's own shape (12 x 256, 128-wide embeddings, a generator a quarter as wide) on the
         # same data and schedule at the paper's small-model rate (5e-4): issue 27's comparison with the
-        # BERT below at the same wall time (benchmarks/electra_vs_bert.py).
+        # BERT below at the same wall time (benchmarks/experiments/electra_vs_bert.py).
         c.model.preset = "electra-small"
     else:
         c.model.preset = "scratch-2layer-small"

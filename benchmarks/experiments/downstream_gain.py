@@ -1,11 +1,11 @@
 """Does pretraining with nli-jax help downstream? (issue 27, item 2)
 
-    python benchmarks/downstream_gain.py --export=/tmp/recipe_search/runs/vs_nli-jax_10000/export \\
+    python -m benchmarks.experiments.downstream_gain --export=/tmp/recipe_search/runs/vs_nli-jax_10000/export \\
         --workdir=/tmp/downstream
-    python benchmarks/downstream_gain.py --export=DIR --workdir=/tmp/d --tasks=smsa --seeds=1 \\
+    python -m benchmarks.experiments.downstream_gain --export=DIR --workdir=/tmp/d --tasks=smsa --seeds=1 \\
         --epochs=smsa=1 --train_limit=200     # smoke run
 
-Fine-tunes a pretrained export (e.g. the `:cpu_learn` run of benchmarks/pretrain_vs_transformers.py)
+Fine-tunes a pretrained export (e.g. the `:cpu_learn` run of benchmarks.experiments.pretrain_vs_transformers)
 and the same architecture from random initialisation (its config.json's shape, its vocabulary) on
 IndoNLU tasks, each arm with the same recipe and the same seeds, through train_and_evaluate (the loop
 finetune.main runs). Reports validation macro-F1 (the IndoNLU metric) and accuracy of the best epoch,
@@ -13,21 +13,18 @@ mean and sample standard deviation over the seeds, and whether the pretrained ar
 one standard deviation (the difference of means larger than either arm's standard deviation).
 Several exports (--export=A,B) are compared against one random arm (item 4: ELECTRA and BERT).
 
-Writes <workdir>/downstream_gain.json and <workdir>/report.md; prints the CPU.
+Writes --json (default <workdir>/downstream_gain.json; ratios: each export's mean F1 over the
+baseline's, per task) and <workdir>/report.md; prints the CPU.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
               "max_position_embeddings", "type_vocab_size")
@@ -73,11 +70,11 @@ def summary(values: list[float]) -> tuple[float, float]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--export", required=True, help="pretrained export directory (comma-separated: several)")
     parser.add_argument("--names", default="", help="a name per export (default: pretrained, pretrained2, ...)")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--tasks", default="smsa,emot")
     parser.add_argument("--epochs", default="smsa=5,emot=10", help="epochs per task (best epoch by validation F1)")
     parser.add_argument("--seeds", default="1,2,3")
@@ -88,11 +85,8 @@ def main():
     parser.add_argument("--no_random", action="store_true", help="compare the exports only (no random-init arm)")
     parser.add_argument("--train_limit", type=int, default=0, help="first N training examples (smoke runs)")
     args = parser.parse_args()
-    print(machine.line(), flush=True)
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    print(harness.line(), flush=True)
+    harness.quiet_absl()
     from nli_jax.train.loop import train_and_evaluate
 
     exports = [e for e in args.export.split(",") if e]
@@ -130,7 +124,7 @@ def main():
                 print(json.dumps(runs[-1]), flush=True)
 
     lines = ["| task | arm | validation F1 (mean ± sd) | accuracy (mean ± sd) | per seed F1 |", "|---|---|---|---|---|"]
-    verdicts = {}
+    verdicts, ratios = {}, {}
     for task in tasks:
         stats = {}
         for name, *_ in arms:
@@ -144,20 +138,20 @@ def main():
             gain = stats[name][0] - stats[baseline][0]
             sd = max(stats[name][1], stats[baseline][1])
             verdicts[f"{task}/{name} vs {baseline}"] = {"gain_f1": gain, "sd": sd, "wins": gain > sd}
+            ratios[f"{task}/{name}_over_{baseline}_f1"] = stats[name][0] / max(stats[baseline][0], 1e-9)
     lines.append("")
     for key, v in verdicts.items():
         lines.append(f"- {key}: {v['gain_f1']:+.2f} F1 (larger sd {v['sd']:.2f}): "
                      + ("wins by more than one sd" if v["wins"] else "does not win by more than one sd"))
-    header = (f"{machine.line()}; {time.strftime('%Y-%m-%d')}. Command: `python benchmarks/downstream_gain.py "
-              + " ".join(f"--{k}={v}" for k, v in vars(args).items() if k != "data" and v not in ("", 0)) + "`\n\n"
+    header = (f"{harness.line()}; {time.strftime('%Y-%m-%d')}. Command: `{harness.command()}`\n\n"
               f"Recipe for every arm: Adam {args.lr:g} (x0.9 per epoch), batch {args.batch_size}, length "
               f"{args.max_seq_length}, dropout {args.dropout:g}, epochs {args.epochs}; the best epoch's validation "
               "macro-F1.\n\n")
     text = header + "\n".join(lines) + "\n"
     with open(os.path.join(args.workdir, "report.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    with open(os.path.join(args.workdir, "downstream_gain.json"), "w", encoding="utf-8") as f:
-        json.dump({"machine": machine.describe(), "args": vars(args), "runs": runs, "verdicts": verdicts}, f, indent=1)
+    harness.write_result(args.json or os.path.join(args.workdir, "downstream_gain.json"),
+                         {"args": vars(args), "runs": runs, "verdicts": verdicts}, ratios=ratios)
     print(text)
 
 

@@ -1,6 +1,6 @@
 """What a (briefly) pretrained encoder has learned, against the same shape from random init.
 
-    python benchmarks/probe_pretrained.py --export=<pretrain workdir>/export --corpus=<prepared corpus file>
+    python -m benchmarks.experiments.probe_pretrained --export=<pretrain workdir>/export --corpus=<prepared corpus file>
 
 1. Context check: 15% of the tokens of 256 corpus sentences replaced by [MASK] (no 10/10 keep/random
    tokens, so copying the input cannot help): accuracy at those positions, how many distinct tokens
@@ -11,24 +11,21 @@
    the same shape from random init, or vs --baseline (e.g. the checkpoint a continued pretraining
    run started from). No fine-tuning seeds: the probe is deterministic, so small differences show.
 
-    python benchmarks/probe_pretrained.py --export=/tmp/cg/pretrain/export --corpus=... --baseline=<init checkpoint>
+    python -m benchmarks.experiments.probe_pretrained --export=/tmp/cg/pretrain/export --corpus=... \\
+        --baseline=<init checkpoint>
+
+--json writes the figures (ratios: the pretrained encoder's probe F1 over the baseline's, per task
+and features).
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import os
-import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
-import machine  # noqa: E402
+from benchmarks import harness
 
 
 def context_check(model, tokenizer, lines, seed=0):
@@ -70,14 +67,15 @@ def features(encoder, tokenizer, texts):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--export", required=True, help="a pretraining run's <workdir>/export")
     parser.add_argument("--corpus", required=True, help="a prepared corpus file (sentences for the context check)")
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data"))
+    parser.add_argument("--data", default=harness.shared_data())
     parser.add_argument("--baseline", default="", help="a Hugging Face directory to compare with (default: random init)")
     parser.add_argument("--tasks", default="emot,smsa")
+    parser.add_argument("--limit", type=int, default=0, help="the first N training and validation texts (smoke runs)")
     args = parser.parse_args()
-    print(machine.line(), flush=True)  # ratios differ between CPUs
+    print(harness.line(), flush=True)  # ratios differ between CPUs
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import f1_score
 
@@ -89,7 +87,8 @@ def main():
         lines = [line for line in f.read().splitlines() if len(line.split()) > 8]
     lines = lines[len(lines) // 2:len(lines) // 2 + 256]
     pretrained = ForMaskedLM.from_pretrained(args.export)
-    print("context check (pretrained):", context_check(pretrained, tokenizer, lines))
+    context = context_check(pretrained, tokenizer, lines)
+    print("context check (pretrained):", context)
 
     readers = {"emot": ("emot_emotion-twitter", "csv"), "smsa": ("smsa_doc-sentiment-prosa", "tsv")}
 
@@ -98,10 +97,11 @@ def main():
         path = os.path.join(args.data, "indonlu", folder, f"{split}_preprocess.{kind}")
         with open(path, encoding="utf-8", newline="") as f:
             if kind == "csv":  # EmoT: header, then label,tweet
-                rows = list(csv.reader(f))[1:]
-                return [r[1] for r in rows], [r[0] for r in rows]
-            rows = [line.rstrip("\n").rsplit("\t", 1) for line in f if line.strip()]  # SmSA: text<TAB>label
-            return [r[0] for r in rows], [r[1] for r in rows]
+                rows = [(r[1], r[0]) for r in list(csv.reader(f))[1:]]
+            else:  # SmSA: text<TAB>label
+                rows = [tuple(line.rstrip("\n").rsplit("\t", 1)) for line in f if line.strip()]
+        rows = rows[:args.limit] if args.limit else rows
+        return [text for text, _ in rows], [label for _, label in rows]
 
     encoder = EncoderModel.from_pretrained(args.export)
     if args.baseline:
@@ -109,6 +109,7 @@ def main():
                     "baseline": (EncoderModel.from_pretrained(args.baseline), load_tokenizer(args.baseline))}
     else:
         encoders = {"pretrained": (encoder, tokenizer), "random init": (EncoderModel(encoder.config, rngs=make_rngs(0)), tokenizer)}
+    probes = {}
     for task in args.tasks.split(","):
         if not os.path.isdir(os.path.join(args.data, "indonlu", readers[task][0])):
             print(f"no {task} under {args.data}/indonlu: its probe skipped")
@@ -120,7 +121,14 @@ def main():
                 mu, sd = a[kind].mean(0), a[kind].std(0) + 1e-6
                 clf = LogisticRegression(max_iter=2000).fit((a[kind] - mu) / sd, train_y)
                 f1 = f1_score(val_y, clf.predict((b[kind] - mu) / sd), average="macro")
+                probes.setdefault(f"{task}/{kind}", {})[name] = 100 * f1
                 print(f"{task} linear probe, {kind} features, {name}: validation macro-F1 {100 * f1:.2f}", flush=True)
+    other = "baseline" if args.baseline else "random init"
+    harness.write_result(args.json, {"export": args.export, "baseline": args.baseline or "random init",
+                                     "context_check": context, "probe_macro_f1": probes},
+                         ratios={f"{key}_pretrained_over_{other.replace(' ', '_')}_f1": f1s["pretrained"]
+                                 / max(f1s[other], 1e-9) for key, f1s in probes.items()})
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,194 @@
+"""The experiments of past issues (benchmarks/experiments/) still run as their commands, on tiny
+budgets and slices of the real data, and write what their JSON promises (figures, ratios as the
+quotients of their sides, the machine). Their results at full size are in docs/."""
+import json
+
+import pytest
+
+from benchmark_runs import assert_ratio, run_benchmark
+
+
+@pytest.fixture(scope="module")
+def recipe_run(shared_data, tmp_path_factory):
+    """One 20-step cell of the recipe search on 3,000 lines of two corpus files: (its workdir, the
+    data folder it read, its result). The later experiments build on its data and its export."""
+    root = tmp_path_factory.mktemp("recipe_search")
+    corpus = root / "data" / "id_corpus_sample"
+    corpus.mkdir(parents=True)
+    for file in sorted((shared_data / "id_corpus_sample").glob("*.txt"))[:2]:
+        with open(file, encoding="utf-8") as f:
+            (corpus / file.name).write_text("".join(line for _, line in zip(range(3000), f)), encoding="utf-8")
+    work = root / "w"
+    _, result = run_benchmark("benchmarks.experiments.pretrain_recipe_search", f"--workdir={work}",
+                              f"--data={root / 'data'}", "--name=bert", "--steps=20", "--eval_every=10",
+                              tmp_path=root, timeout=900)
+    return work, root / "data", result
+
+
+@pytest.mark.slow  # a 20-step BERT on a slice of the real corpus: ~30 s
+def test_pretrain_recipe_search(recipe_run):
+    work, _, result = recipe_run
+    assert [r["step"] for r in result["evaluations"]] == [10, 20]
+    for r in result["evaluations"]:
+        assert 0 <= r["mask_input_accuracy"] <= 1 and r["loss"] > 0 and r["tokens_per_s"] > 0 and r["constant"] > 0
+    last = result["evaluations"][-1]
+    assert result["ratios"]["mask_input_accuracy_over_constant"] == pytest.approx(
+        last["mask_input_accuracy"] / last["constant"])
+    cells = [json.loads(line) for line in (work / "search.jsonl").read_text().splitlines()]
+    assert [c["name"] for c in cells] == ["bert"] and cells[0]["ratios"] == result["ratios"]
+    assert (work / "runs" / "bert" / "export" / "vocab.txt").is_file()
+
+
+@pytest.mark.slow  # a few ELECTRA-small steps after the BERT cell: a minute or two
+def test_electra_vs_bert(recipe_run, tmp_path):
+    """ELECTRA-small gets the steps its budget buys at the given rate, both held-out curves come
+    with their wall times, and the plot is written."""
+    work, data, _ = recipe_run
+    proc, result = run_benchmark("benchmarks.experiments.electra_vs_bert", f"--workdir={work}", f"--data={data}",
+                                 f"--bert_run={work / 'runs' / 'bert'}", "--seconds=10", "--seconds_per_step=1.0",
+                                 "--evaluations=2", tmp_path=tmp_path, timeout=900)
+    assert "-> 8 steps" in proc.stdout  # 10 s at 1 s a step, 2 evaluations
+    assert [r["step"] for r in result["bert"]] == [10, 20]
+    assert [r["step"] for r in result["electra"]] == [4, 8]
+    for row in result["bert"] + result["electra"]:
+        assert row["seconds"] is not None and 0 <= row["mlm_accuracy"] <= 1
+    assert all(0 <= r["replaced_f1"] <= 1 for r in result["electra"])
+    assert result["electra"][-1]["seconds"] >= result["electra"][0]["seconds"]
+    assert_ratio(result, "electra_over_bert_seconds", result["electra_seconds"], result["bert_seconds"])
+    if result["bert"][-1]["mlm_accuracy"] > 0:
+        assert_ratio(result, "electra_over_bert_final_mlm_accuracy", result["electra"][-1]["mlm_accuracy"],
+                     result["bert"][-1]["mlm_accuracy"])
+    assert (work / "electra_vs_bert.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # 20 steps of nli-jax's loop and of the PyTorch loop on its batches: ~a minute
+def test_pretrain_vs_transformers(recipe_run, tmp_path):
+    work, data, _ = recipe_run
+    _, result = run_benchmark("benchmarks.experiments.pretrain_vs_transformers", f"--workdir={work}",
+                              f"--data={data}", "--steps=20", "--eval_every=10", tmp_path=tmp_path, timeout=900)
+    curves = result["curves"]
+    for side in ("nli-jax", "transformers"):
+        assert [r["step"] for r in curves[side]] == [10, 20] and result["seconds"][side] > 0
+        assert all(r["loss"] > 0 and 0 <= r["mlm_accuracy"] <= 1 for r in curves[side])
+    assert_ratio(result, "nli_jax_over_transformers_seconds", result["seconds"]["nli-jax"],
+                 result["seconds"]["transformers"])
+    assert_ratio(result, "nli_jax_over_transformers_final_loss", curves["nli-jax"][-1]["loss"],
+                 curves["transformers"][-1]["loss"])
+    # From the same initial loss (ln of the 2,000-piece vocabulary), the two stay close over 20 steps.
+    assert abs(curves["nli-jax"][-1]["loss"] - curves["transformers"][-1]["loss"]) < 0.5
+    assert (work / "pretrain_vs_transformers.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # four short SmSA fine-tunes: about two minutes
+def test_downstream_gain(recipe_run, shared_data, tmp_path):
+    """The export's arm loads its weights, the random arm has its shape and vocabulary; every
+    (arm, seed) run is reported with the mean, sd and verdict."""
+    work, _, _ = recipe_run
+    export = work / "runs" / "bert" / "export"
+    down = tmp_path / "down"
+    proc, result = run_benchmark("benchmarks.experiments.downstream_gain", f"--export={export}",
+                                 f"--workdir={down}", f"--data={shared_data}", "--tasks=smsa", "--seeds=1,2",
+                                 "--epochs=smsa=1", "--train_limit=64", "--max_seq_length=32", tmp_path=tmp_path,
+                                 timeout=900)
+    assert sorted((r["arm"], r["seed"]) for r in result["runs"]) == [("pretrained", 1), ("pretrained", 2),
+                                                                      ("random", 1), ("random", 2)]
+    assert all(0 < r["f1"] <= 100 for r in result["runs"])
+    assert set(result["verdicts"]) == {"smsa/pretrained vs random"}
+    assert "| smsa | random |" in proc.stdout
+    mean = {arm: sum(r["f1"] for r in result["runs"] if r["arm"] == arm) / 2 for arm in ("pretrained", "random")}
+    assert_ratio(result, "smsa/pretrained_over_random_f1", mean["pretrained"], mean["random"])
+    # The pretrained arm starts from the export (its encoder weights), the random arm does not.
+    logs = {arm: (down / f"smsa_{arm}_seed1" / "train.log").read_text() for arm in ("pretrained", "random")}
+    assert str(export) in logs["pretrained"] and str(export) not in logs["random"]
+
+
+@pytest.mark.slow  # features of 200 texts per split, twice per task: about a minute
+def test_probe_pretrained(recipe_run, shared_data, tmp_path):
+    work, _, _ = recipe_run
+    corpus = sorted((work / "corpus").glob("corpus-*.txt"))[0]
+    _, result = run_benchmark("benchmarks.experiments.probe_pretrained", f"--export={work / 'runs' / 'bert' / 'export'}",
+                              f"--corpus={corpus}", f"--data={shared_data}", "--limit=200", tmp_path=tmp_path,
+                              timeout=900)
+    context = result["context_check"]
+    assert context["predictions"] > 0 and 0 <= context["accuracy"] <= 1 and context["distinct_predictions"] >= 1
+    assert set(result["probe_macro_f1"]) == {"emot/mean", "emot/pooled", "smsa/mean", "smsa/pooled"}
+    for key, f1 in result["probe_macro_f1"].items():
+        assert_ratio(result, f"{key}_pretrained_over_random_init_f1", f1["pretrained"], f1["random init"])
+
+
+@pytest.mark.slow  # 4 steps of a toy task in both frameworks, and their imports: ~25 s
+def test_mlm_plateau_toy(tmp_path):
+    _, result = run_benchmark("benchmarks.experiments.mlm_plateau_toy", "--seeds=0", "--steps=4",
+                              "--report_every=2", tmp_path=tmp_path)
+    for seed in ("0",):
+        rows = result["seeds"][seed]
+        assert [r["step"] for r in rows] == [2, 4]
+        # Both start at the uniform loss ln(1990) = 7.6 from the same weights on the same batches.
+        assert all(abs(r["nli_jax_loss"] - r["transformers_loss"]) < 0.05 and 7 < r["nli_jax_loss"] < 8.5
+                   for r in rows), rows
+        assert_ratio(result, f"seed{seed}_nli_jax_over_transformers_final_loss", rows[-1]["nli_jax_loss"],
+                     rows[-1]["transformers_loss"])
+
+
+def _small_data(shared_data, root):
+    """A data folder with two small corpus files and the real IndoNLU beside them."""
+    corpus = root / "data" / "id_corpus_sample"
+    corpus.mkdir(parents=True)
+    for name in ("talpco.txt", "frog_storytelling.txt"):
+        (corpus / name).write_bytes((shared_data / "id_corpus_sample" / name).read_bytes())
+    (root / "data" / "indonlu").symlink_to(shared_data / "indonlu")
+    return root / "data"
+
+
+@pytest.mark.slow  # a 20-step pretraining and two SmSA fine-tunes of 64 examples: ~2 minutes
+def test_pretrain_id_corpus(shared_data, tmp_path):
+    data = _small_data(shared_data, tmp_path)
+    work = tmp_path / "work"
+    _, result = run_benchmark("benchmarks.experiments.pretrain_id_corpus", f"--workdir={work}", f"--data={data}",
+                              "--steps=20", "--batch=8", "--vocab_size=1000", "--finetune_epochs=smsa=1",
+                              "--train_limit=64", tmp_path=tmp_path, timeout=900)
+    assert result["steps"] == 20 and list(result["heldout_mlm_accuracy"]) == ["20"]
+    scores = result["scores"]
+    assert set(scores) == {"smsa/pretrained", "smsa/random"} and all(0 < s["f1"] <= 100 for s in scores.values())
+    assert_ratio(result, "smsa_pretrained_over_random_f1", scores["smsa/pretrained"]["f1"], scores["smsa/random"]["f1"])
+    assert "| smsa | 1 |" in (work / "report.md").read_text()
+
+
+@pytest.mark.slow  # MiniLM-L6 continued 4 steps, then two 4-step SmSA fine-tunes: ~3 minutes
+def test_continued_pretraining_gain(shared_data, minilm_dir, tmp_path):
+    data = _small_data(shared_data, tmp_path)
+    work = tmp_path / "work"
+    _, result = run_benchmark("benchmarks.experiments.continued_pretraining_gain", f"--workdir={work}",
+                              f"--data={data}", f"--init={minilm_dir}", "--pretrain_steps=4", "--evaluations=2",
+                              "--heldout_examples=16", "--finetune=smsa:4", "--seeds=1", "--max_seq_length=32",
+                              "--batch=8", tmp_path=tmp_path, timeout=900)
+    assert result["pretrain"]["steps"] == 4 and [c[0] for c in result["pretrain"]["curve"]] == [2, 4]
+    original, continued = result["finetune"]["smsa/original"], result["finetune"]["smsa/continued"]
+    assert original["metric"] == "f1" and 0 < original["mean"] <= 1 and 0 < continued["mean"] <= 1
+    assert_ratio(result, "smsa_continued_over_original", continued["mean"], original["mean"])
+    if result["before"]["mlm_accuracy"] > 0:
+        assert_ratio(result, "heldout_mlm_accuracy_after_over_before", result["pretrain"]["curve"][-1][1],
+                     result["before"]["mlm_accuracy"])
+    assert "| smsa | 4 | f1 |" in (work / "report.md").read_text()
+    assert (work / "heldout_mlm_accuracy.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two MiniLM-L6 fine-tunes of 96 pairs through finetune.main, a data map: ~a minute
+def test_dynamics_and_calibration_indonli(shared_data, minilm_dir, tmp_path):
+    if not (shared_data / "indonli" / "train.jsonl").is_file():
+        pytest.skip(f"{shared_data / 'indonli'} has no train.jsonl")
+    _, result = run_benchmark("benchmarks.experiments.dynamics_and_calibration_indonli", f"--data={shared_data}",
+                              f"--workdir={tmp_path / 'work'}", f"--model={minilm_dir}", "--train_pairs=96",
+                              "--test_pairs=32", "--val_pairs=32", "--epochs=2", "--max_seq_length=32", "--batch=8",
+                              tmp_path=tmp_path, timeout=900)
+    assert result["flipped"] == 5  # 5% of 96
+    regions = result["cartography"]  # a third of the pairs each, by confidence or variability (they may overlap)
+    for r in ("easy_to_learn", "ambiguous", "hard_to_learn"):
+        assert 0 < regions[r]["examples"] <= 96 and 0 <= regions[r]["flipped"] <= 5, regions
+    hard = regions["hard_to_learn"]
+    assert result["ratios"]["hard_to_learn_over_overall_flipped_share"] == pytest.approx(
+        (hard["flipped"] / hard["examples"]) / (5 / 96))
+    rates = result["train_examples_per_s"]
+    assert_ratio(result, "with_over_without_dynamics_examples_per_s", rates["with_dynamics"], rates["without"])
+    for split in ("validation", "test_lay"):
+        assert 0 <= result["calibration"][split]["raw"]["ece"] <= 1
