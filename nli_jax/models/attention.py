@@ -139,9 +139,13 @@ def attend(q, k, v, mask, *, implementation: str = "auto",
     return plain_attention(q, k, v, mask, probs_dropout=probs_dropout)
 
 
-def plain_attention(q, k, v, mask, *, probs_dropout=None):
-    """XLA attention: float32 scores and softmax, probabilities cast to v's (the compute) dtype."""
+def plain_attention(q, k, v, mask, *, probs_dropout=None, bias=None):
+    """XLA attention: float32 scores and softmax, probabilities cast to v's (the compute) dtype.
+    bias: float32 added to the scores before masking, broadcast against [b, h, q, k] (DeBERTa's
+    relative-position terms)."""
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=jnp.float32)  # [b, h, q, k]
+    if bias is not None:
+        scores = scores + bias
     # Masked keys get the most negative finite value, as Hugging Face's additive mask does,
     # so even all-padding rows stay finite.
     scores = jnp.where(_key_mask(mask), scores, jnp.finfo(jnp.float32).min)

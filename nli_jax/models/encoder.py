@@ -204,11 +204,13 @@ def _cache_sized_rows(shape, like=None) -> int:
 
 
 class TransformerLayer(nnx.Module):
-    """Post-LayerNorm transformer layer (BERT and ALBERT share this shape)."""
+    """Post-LayerNorm transformer layer (BERT and ALBERT share this shape; DeBERTa's is this with
+    its own `attention_class`, whose second argument is whatever the encoder passes its layers)."""
+    attention_class = SelfAttention
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.attention = SelfAttention(config, rngs=rngs)
+        self.attention = self.attention_class(config, rngs=rngs)
         self.attention_norm = layer_norm(config, config.hidden_size, EMBED, rngs=rngs)
         self.mlp_in = dense(config, config.hidden_size, config.intermediate_size, (EMBED, MLP), rngs=rngs)
         self.mlp_out = dense(config, config.intermediate_size, config.hidden_size, (MLP, EMBED), rngs=rngs)

@@ -35,7 +35,9 @@ and configs.
                       the Hugging Face name of an encoder parameter (path: its nnx path inside the
                       encoder, a scanned encoder's layers one by one) without the base-model
                       prefix, and how many leading axes of our kernel are input axes (0 for
-                      embeddings, biases and norms; Linear weights are [out, in] in transformers)
+                      embeddings, biases and norms; Linear weights are [out, in] in transformers;
+                      REVERSED: transformers' layout is ours with every axis reversed, as a
+                      convolution's [out, in, width] against our [width, in, out])
   head_name(config, model, path) -> name
                       the Hugging Face name of a head parameter (path: its nnx path in the task
                       model), as transformers' task classes name it
@@ -84,6 +86,8 @@ class Family:
         """Whether a Hugging Face weight name (without prefix) belongs to the base model."""
         return name.startswith(self.base_model_keys)
 
+
+REVERSED = -1  # encoder_name's input-axes value for a kernel stored with every axis reversed
 
 _FAMILIES: dict[str, Family] = {}
 

@@ -24,6 +24,7 @@ from flax import nnx
 
 from nli_jax.checkpoints import hf
 from nli_jax.models import families
+from nli_jax.models.families import REVERSED
 from nli_jax.models.config import ConfigError, EncoderConfig
 from nli_jax.models.encoder import make_rngs, stack_layers, training_flops_per_token, unstack_layers
 
@@ -64,7 +65,8 @@ class PretrainedModel(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One parameter: our state path, its Hugging Face name, and how many leading kernel axes
-    are input axes (kernels only; 0 for embeddings, biases and norms)."""
+    are input axes (kernels only; 0 for embeddings, biases and norms; REVERSED: transformers'
+    layout is ours with every axis reversed, as a convolution's [out, in, width])."""
     path: tuple
     hf_name: str
     in_axes: int = 0
@@ -95,6 +97,8 @@ def _per_layer_shapes(model: "PretrainedModel") -> dict:
 
 
 def _hf_shape(e: Entry, shape: tuple) -> tuple:
+    if e.in_axes == REVERSED:
+        return tuple(reversed(shape))
     if e.in_axes:  # kernel: ours [in..., out...] -> HF [prod(out), prod(in)]
         return (int(np.prod(shape[e.in_axes:])), int(np.prod(shape[:e.in_axes])))
     if e.path[-1] == "embedding":  # tables have the same layout
@@ -103,13 +107,15 @@ def _hf_shape(e: Entry, shape: tuple) -> tuple:
 
 
 def to_ours(w: np.ndarray, shape: tuple, in_axes: int) -> np.ndarray:
-    if in_axes:
+    if in_axes:  # ndarray.T reverses every axis: also REVERSED's inverse
         return np.ascontiguousarray(w.T).reshape(shape)
     return w.reshape(shape)
 
 
 def to_hf(e: Entry, x: np.ndarray) -> np.ndarray:
-    if e.in_axes:
+    if e.in_axes == REVERSED:
+        x = x.T
+    elif e.in_axes:
         x = x.reshape(int(np.prod(x.shape[:e.in_axes])), int(np.prod(x.shape[e.in_axes:]))).T
     elif e.path[-1] != "embedding":
         x = x.reshape(-1)
