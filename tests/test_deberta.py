@@ -151,7 +151,8 @@ def test_mdeberta_v3_base_config_matches_transformers(tmp_path):
 
 
 def test_the_published_config_json_reads_as_transformers_reads_it():
-    """Its pos_att_type as the hub's file writes it ("p2c|c2p") or as a list; defaults of keys it omits."""
+    """Its pos_att_type as a list or "|"-joined (as DeBERTa-v2's config.json files write it);
+    DebertaV2Config's defaults for the keys a file omits."""
     published = {**MDEBERTA_V3_BASE, "model_type": "deberta-v2", "pos_att_type": "p2c|c2p"}
     config = EncoderConfig.from_hf_dict(published)
     o = config.family_options
@@ -178,11 +179,19 @@ def test_log_buckets_equal_transformers(buckets, max_position):
 
 def test_only_the_rows_a_length_reaches_are_read():
     config = EncoderConfig.from_hf_dict({**MDEBERTA_V3_BASE, "model_type": "deberta-v2"})
-    index, first, count = deberta.relative_rows(config, 128)
-    assert (first, count) == (256 - 127, 255) and index.shape == (1, 128, 128)
-    assert int(index[0, 0, 127]) + first == 256 - 127 and int(index[0, 127, 0]) + first == 256 + 127
-    _, first, count = deberta.relative_rows(config, 512)
-    assert first + count <= 512 and count < 512
+    rows, first, count = deberta.relative_rows(config, 128)
+    assert rows.shape == (255,) and (first, count) == (256 - 127, 255)  # distances -127..127: no bucketing yet
+    assert (rows[0] + first, rows[127] + first, rows[-1] + first) == (256 - 127, 256, 256 + 127)
+    rows, first, count = deberta.relative_rows(config, 512)
+    assert rows.shape == (1023,) and first + count <= 512 and count < 512  # log buckets share rows
+
+
+def test_skew_lays_per_distance_scores_out_per_pair():
+    """skew(x)[i, j] = x[i, j + n - 1 - i], against the gather it replaces."""
+    for n in (1, 2, 7, 16):
+        x = np.random.default_rng(n).normal(size=(2, 3, n, 2 * n - 1)).astype(np.float32)
+        i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+        np.testing.assert_array_equal(np.asarray(deberta.skew(jnp.asarray(x))), x[..., i, j + n - 1 - i])
 
 
 # --- packed rows ---------------------------------------------------------------------------
@@ -209,9 +218,9 @@ def _packed(examples, rows, length):
 
 @pytest.mark.parametrize("variant", ["v3", "separate_position_keys", "v2_absolute_types_conv"])
 def test_packed_rows_equal_padded_rows(tmp_path, variant):
-    """Several examples per row, each attending to itself with its own positions (relative
-    positions from position_ids; the convolution's window inside its example): the classifier's
-    and the tagger's logits equal those of the padded batch."""
+    """Several examples per row, each attending to itself with its own positions (absolute ones
+    from position_ids, relative ones the same within an example; the convolution's window inside
+    its example): the classifier's and the tagger's logits equal those of the padded batch."""
     config = _config(TINY, variant)
     lengths = [37, 20, 9, 61, 14, 45]
     rng = np.random.default_rng(3)
@@ -362,7 +371,8 @@ def make_spm_tokenizer_dir(directory, text, vocab_size=48):
     spm.SentencePieceTrainer.train(input=corpus, model_prefix=os.path.join(directory, "spm"), vocab_size=vocab_size,
                                    model_type="unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]",
                                    bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]",
-                                   user_defined_symbols=["[MASK]"], character_coverage=1.0, minloglevel=2)
+                                   user_defined_symbols=["[MASK]"], character_coverage=1.0, hard_vocab_limit=False,
+                                   minloglevel=2)
     os.remove(corpus)
     os.remove(os.path.join(directory, "spm.vocab"))
     with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
@@ -411,5 +421,208 @@ def test_flops_count_the_relative_terms():
     model = nnx.eval_shape(lambda: ForSequenceClassification(config, num_labels=3, rngs=nnx.Rngs(0)))
     plain = EncoderConfig.from_hf_dict({**MDEBERTA_V3_BASE, "model_type": "deberta-v2", "pos_att_type": []})
     without = nnx.eval_shape(lambda: ForSequenceClassification(plain, num_labels=3, rngs=nnx.Rngs(0)))
-    # c2p and p2c at 128 tokens: 255 rows each, 6 x layers x hidden x rows x 2 more FLOPs a token
+    # c2p and p2c at 128 tokens: 255 distances each, 6 x layers x hidden x distances x 2 more FLOPs a token
     assert model.training_flops_per_token(128) - without.training_flops_per_token(128) == 6 * 12 * 768 * 255 * 2
+
+
+# --- through the workflow (slow: a fine-tuning run each) ------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(REPO, "nli_jax", "data", "fixtures", "nli_tiny")
+
+
+def _jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def make_tiny_deberta(directory, text, hf_class="DebertaV2ForMaskedLM", vocab_size=120, **changes):
+    """A DeBERTa-v3-style checkpoint made here: a SentencePiece tokenizer trained on `text`
+    (make_spm_tokenizer_dir) and a random 2 x 64 model of `hf_class` with DeBERTa-v3's attention
+    (32 log buckets: 64-token rows reach them), as transformers saves it."""
+    make_spm_tokenizer_dir(directory, text, vocab_size=vocab_size)
+    vocabulary = len(nli_jax.load_tokenizer(str(directory)))
+    config = transformers.DebertaV2Config(**{**V3, **TINY, "vocab_size": vocabulary, "max_position_embeddings": 128,
+                                             "position_buckets": 32, **changes})
+    getattr(transformers, hf_class)(config).save_pretrained(str(directory))
+    return str(directory)
+
+
+def _fixture_text():
+    rows = [row for name in ("train.jsonl", "val.jsonl", "test_lay.jsonl", "test_expert.jsonl")
+            for row in _jsonl(os.path.join(FIXTURE, name))]
+    return [text for row in rows for text in (row["premise"], row["hypothesis"])]
+
+
+def _cli(module, *args, timeout=900):
+    import subprocess
+    import sys
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+@pytest.mark.slow  # a fine-tuning run: ~70 s on 2 cores
+def test_a_tiny_deberta_fine_tunes_on_the_nli_fixture_and_transformers_predicts_as_its_export(tmp_path):
+    """finetune.main's NLI cpu_test from a DeBERTa-v3-style checkpoint made here (model.init, its
+    own SentencePiece tokenizer): it learns the fixture, finetune.predict labels unlabelled pairs
+    as the run did, and the export loads in transformers' DebertaV2ForSequenceClassification
+    with its tokenizer and predicts the run's probabilities."""
+    init = make_tiny_deberta(tmp_path / "init", _fixture_text())
+    workdir = tmp_path / "run"
+    _cli("finetune.main", "--config=configs/indonli_large.py:cpu_test", f"--workdir={workdir}",
+         f"--config.model.init={init}", "--config.model.tokenizer=", "--config.export_best=True",
+         f"--config.data.tfds_dir={tmp_path / 'tfds'}")
+    results = json.loads((workdir / "results.json").read_text())
+    accuracy = results["splits"]["validation"]["accuracy"]
+    print(f"\nDeBERTa (2 x 64) on the NLI fixture: validation accuracy {accuracy:.3f}")
+    assert accuracy >= 0.6  # chance is 1/3
+    trained = [r for r in _jsonl(workdir / "predictions.jsonl") if r["split"] == "validation"]
+
+    rows = _jsonl(os.path.join(FIXTURE, "val.jsonl"))
+    with open(tmp_path / "pairs.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({k: v for k, v in row.items() if k != "label"}) + "\n" for row in rows)
+    _cli("finetune.predict", f"--checkpoint={workdir}", f"--output={tmp_path / 'predicted'}",
+         f"--input=mine={tmp_path / 'pairs.jsonl'}")
+    predicted = _jsonl(tmp_path / "predicted" / "predictions.jsonl")
+    assert [r["prediction"] for r in predicted] == [r["prediction"] for r in trained]
+
+    export = workdir / "export_best"
+    assert (export / "spm.model").is_file()
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(export)).eval()
+    assert type(model).__name__ == "DebertaV2ForSequenceClassification"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
+    batch = tokenizer([r["premise"] for r in rows], [r["hypothesis"] for r in rows], padding=True, truncation=True,
+                      max_length=64, return_tensors="pt")
+    with torch.no_grad():
+        probabilities = torch.softmax(model(**batch).logits, -1).numpy()
+    assert [model.config.id2label[int(i)] for i in probabilities.argmax(-1)] == [r["prediction"] for r in trained]
+    np.testing.assert_allclose(probabilities, [r["probabilities"] for r in trained], atol=1e-5)
+
+
+@pytest.mark.slow  # a few training steps and NERP's validation split: ~2 minutes
+def test_a_tiny_deberta_fine_tunes_on_an_indonlu_tagging_task_and_exports(tmp_path, shared_data):
+    """NERP (word-level tags, packed rows read back per example) from a DeBERTa checkpoint whose
+    SentencePiece tokenizer is trained here on NERP's training words: the loss falls, every
+    validation sentence is predicted, and the export is a DebertaV2ForTokenClassification whose
+    token logits transformers computes as nli-jax does."""
+    source = shared_data / "indonlu"
+    train_file = source / "nerp_ner-prosa" / "train_preprocess.txt"
+    if not train_file.is_file():
+        pytest.skip(f"{train_file} not found: IndoNLU's NERP is needed (set NLI_JAX_SHARED_DATA)")
+    sentences, words = [], []
+    for line in train_file.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            words.append(line.split("\t")[0])
+        elif words:
+            sentences.append(" ".join(words))
+            words = []
+    init = make_tiny_deberta(tmp_path / "init", sentences[:2000], hf_class="DebertaV2Model", vocab_size=1000)
+    workdir = tmp_path / "run"
+    _cli("finetune.main", "--config=configs/indonlu.py:task=nerp,model=scratch,cpu_test", f"--workdir={workdir}",
+         f"--config.data.source={source}", f"--config.model.init={init}", "--config.model.tokenizer=",
+         "--config.export_best=True", f"--config.data.tfds_dir={tmp_path / 'tfds'}")
+    losses = [json.loads(line)["train/loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()
+              if "train/loss" in line]
+    assert losses[-1] < 0.7 * losses[0], losses
+    validation = [r for r in _jsonl(workdir / "predictions.jsonl") if r["split"] == "validation"]
+    assert len(validation) == json.loads((workdir / "results.json").read_text())["splits"]["validation"]["count"] > 0
+
+    export = str(workdir / "export_best")
+    reference = transformers.DebertaV2ForTokenClassification.from_pretrained(export).eval()
+    ours = ForTokenClassification.from_pretrained(export)
+    tokenizer = nli_jax.load_tokenizer(export)
+    batch = dict(tokenizer(sentences[:4], padding=True, truncation=True, max_length=64, return_tensors="np"))
+    diff = _max_diff(_logits(ours, batch), _torch_logits(reference, batch), batch, "ForTokenClassification")
+    print(f"\nDeBERTa NERP export: token logits max |diff| {diff:.2e} against transformers")
+    assert diff <= TOLERANCE
+    assert set(reference.config.id2label.values()) >= {"O", "B-PPL", "I-PPL"}
+
+
+SHARDING_SCRIPT = r"""
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from configs import indonli_large
+from nli_jax.train import loop
+
+def shardings_of(tree):
+    return {jax.tree_util.keystr(path): [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "sharding")}
+
+meshes, init, root = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+train, kept = loop.train, []
+def keep_state(*args, **kwargs):
+    out = train(*args, **kwargs)
+    kept.append(out[0])
+    return out
+loop.train = keep_state
+report = {}
+for name, shape in meshes.items():
+    config = indonli_large.get_config("cpu_test")
+    config.mesh.shape = dict(shape)
+    config.model.init = init
+    config.model.tokenizer = ""
+    config.data.tfds_dir = root + "/tfds"
+    config.train.max_steps = 6
+    config.train.log_every_steps = 1
+    config.eval_splits = ("validation",)
+    config.data.packing = False  # padded rows: the same rows and dropout masks on every mesh
+    workdir = f"{root}/{name}"
+    loop.train_and_evaluate(config, workdir)
+    losses = [json.loads(line)["train/loss"] for line in open(workdir + "/metrics.jsonl") if "train/loss" in line]
+    report[name] = {"losses": losses, "specs": shardings_of(kept.pop())}
+print("REPORT" + json.dumps(report))
+"""
+
+
+@pytest.mark.slow  # three short runs on 8 fake CPU devices: ~3 minutes
+def test_fsdp_and_tensor_meshes_shard_deberta_and_train_as_data_parallel(tmp_path):
+    """Every DeBERTa parameter kind (relative table and its LayerNorm, pos_key/pos_query
+    projections, the convolution, absolute positions, token types, the ContextPooler) carries
+    logical axis names that nli_jax.plan.MESH_RULES map: on {fsdp 4} and {fsdp 2, tensor 4} they
+    are held split as the rules say, and the per-step losses equal {data 8}'s within 2e-5 (as
+    tests/test_sharding.py asks of BERT)."""
+    import subprocess
+    import sys
+    init = make_tiny_deberta(tmp_path / "init", _fixture_text(), hf_class="DebertaV2ForMaskedLM",
+                             **VARIANTS["separate_position_keys"], position_biased_input=True, type_vocab_size=2,
+                             conv_kernel_size=3, conv_groups=2)
+    meshes = {"data8": {"data": 8}, "data2_fsdp4": {"data": 2, "fsdp": 4}, "fsdp2_tensor4": {"fsdp": 2, "tensor": 4}}
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT, json.dumps(meshes), init, str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.split("REPORT", 1)[1])
+    reference = report["data8"]["losses"]
+    assert len(reference) == 6
+    for name in ("data2_fsdp4", "fsdp2_tensor4"):
+        gap = max(abs(a - b) for a, b in zip(report[name]["losses"], reference))
+        print(f"\nDeBERTa {name} vs data8: per-step train loss max |diff| {gap:.1e}")
+        assert len(report[name]["losses"]) == 6 and gap <= 2e-5, (name, report[name]["losses"], reference)
+
+    def spec(name, path):
+        matches = [s for p, s in report[name]["specs"].items() if p.endswith("['params']" + path)]
+        assert len(matches) == 1, (path, sorted(report[name]["specs"])[:20])
+        mu = [s for p, s in report[name]["specs"].items() if p.endswith(".mu" + path)]
+        assert mu == matches, (name, path, mu)  # Adam's first moment lives where its parameter lives
+        return matches[0]
+    expected = {  # (path suffix in the parameters, {mesh: PartitionSpec})
+        "['encoder']['relative']['embedding']": {"data2_fsdp4": [None, "fsdp"], "fsdp2_tensor4": [None, "fsdp"]},
+        "['encoder']['relative_norm']['scale']": {"data2_fsdp4": ["fsdp"], "fsdp2_tensor4": ["fsdp"]},
+        "['encoder']['layers'][0]['attention']['pos_key']['kernel']": {"data2_fsdp4": ["fsdp", None, None],
+                                                                    "fsdp2_tensor4": ["fsdp", "tensor", None]},
+        "['encoder']['layers'][1]['attention']['pos_query']['bias']": {"data2_fsdp4": [None, None],
+                                                                    "fsdp2_tensor4": ["tensor", None]},
+        "['encoder']['conv']['kernel']": {"data2_fsdp4": [None, "fsdp", None], "fsdp2_tensor4": [None, "fsdp", None]},
+        "['encoder']['embeddings']['position']['embedding']": {"data2_fsdp4": [None, "fsdp"],
+                                                               "fsdp2_tensor4": [None, "fsdp"]},
+        "['encoder']['pooler']['dense']['kernel']": {"data2_fsdp4": ["fsdp", None], "fsdp2_tensor4": ["fsdp", None]},
+    }
+    for path, by_mesh in expected.items():
+        for name, want in by_mesh.items():
+            assert spec(name, path) == want, (name, path, spec(name, path))
+

@@ -14,11 +14,15 @@ nli_jax.models.families. Everything that differs from BERT is here:
   max_relative_positions): one table of 2 x span relative embeddings for all layers
   (LayerNormed when norm_rel_ebd is "layer_norm"), projected in each layer by its own key and
   query projections (share_att_key) or by pos_key_proj / pos_query_proj;
-- relative positions come from position ids: a packed row's from each example's own
-  position_ids (nli_jax.tasks.common.packing_fields), so that packed and padded rows give the
-  same outputs (within an example the row's own positions would give the same distances, which
-  do not depend on where it starts; across examples the mask drops them). Only the table rows
-  the row length can reach are projected (a 128-token row reaches 255 of mDeBERTa's 512);
+- c2p and p2c are computed per distance (every query or key against the projections of the
+  2 x length - 1 distances' rows, a matmul) and laid out per (query, key) pair by `skew`
+  (reshapes and slices, Transformer-XL's relative shift) rather than gathered per pair: on a
+  TPU the gather and its scatter-add gradient made mDeBERTa-v3-base's train step ~8x BERT-base's
+  (the compiler's estimates, docs/tpu_compile.md);
+- packed rows (nli_jax.tasks.common.packing_fields) use the row's distances: between two tokens
+  of one example they equal those of the example's position_ids (a distance does not depend on
+  where the example starts in its row), and the mask drops pairs of two examples, so packed and
+  padded rows give the same outputs (tests/test_deberta.py);
 - a convolution after the first layer when conv_kernel_size > 0 (DeBERTa-v2-xlarge's
   conv_kernel_size 3); in packed rows a token's window sees its own example only;
 - the ContextPooler (dropout pooler_dropout, dense, pooler_hidden_act on the first token) as the
@@ -147,18 +151,24 @@ def relative_index_table(span: int, buckets: int, max_position: int, length: int
     return (rows - first).astype(np.int32), first
 
 
-def relative_rows(config: EncoderConfig, length: int, position_ids=None):
-    """(index, first, count): index [1 or rows, length, length] of the relative-table row (from
-    `first`, `count` rows) each query-key pair reads; from the position ids of packed rows when
-    given (each example's own positions), else from the padded row's 0..length - 1."""
+def relative_rows(config: EncoderConfig, length: int) -> tuple[np.ndarray, int, int]:
+    """(rows, first, count): the table row (from `first`; `count` rows are reached) of each
+    distance -(length - 1)..length - 1, as relative_index_table."""
     o = options(config)
-    table, first = relative_index_table(o.span(config), o.position_buckets, o.max_relative(config), length)
-    count = int(table.max()) + 1
-    if position_ids is None:
-        positions = np.arange(length)
-        return jnp.asarray(table[positions[:, None] - positions[None, :] + length - 1])[None], first, count
-    distance = position_ids[:, :, None] - position_ids[:, None, :] + (length - 1)
-    return jnp.asarray(table)[distance], first, count
+    rows, first = relative_index_table(o.span(config), o.position_buckets, o.max_relative(config), length)
+    return rows, first, int(rows.max()) + 1
+
+
+def skew(x):
+    """out[..., i, j] = x[..., i, j + n - 1 - i] for x [..., n, 2n - 1] (column c of row i holding
+    distance c - (n - 1), or its reverse): per-distance scores laid out per (query, key) pair by
+    reshapes and slices, where a gather (and its scatter-add gradient) dominated a TPU step
+    (Transformer-XL's relative shift)."""
+    n = x.shape[-2]
+    if n == 1:
+        return x
+    flat = x.reshape(*x.shape[:-2], n * (2 * n - 1))
+    return flat[..., n - 1:n - 1 + n * (2 * n - 2)].reshape(*x.shape[:-2], n, 2 * n - 2)[..., :n]
 
 
 # --- modules -------------------------------------------------------------------------------
@@ -199,8 +209,10 @@ class DisentangledSelfAttention(nnx.Module):
     """Content-to-content attention plus DeBERTa's c2p and p2c relative-position terms.
 
     Called as attention(x, context, deterministic=...), context being (mask, relative): mask as
-    nli_jax.models.attention.attend takes it; relative None or (index [1 or rows, q, k], table
-    [rows of the relative table this length reaches, hidden], LayerNormed)."""
+    nli_jax.models.attention.attend takes it; relative None or the relative table's row of each
+    distance -(length - 1)..length - 1 ([2 length - 1, hidden], LayerNormed). c2p and p2c are
+    computed per distance (each query or key against every distance's projection, a matmul) and
+    laid out per pair by `skew`."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         o = options(config)
@@ -232,19 +244,17 @@ class DisentangledSelfAttention(nnx.Module):
         q = q * jnp.asarray(self.scale, q.dtype)
         bias = None
         if relative is not None and self.kinds:
-            index, table = relative
-            table = self.position_dropout(table, deterministic=deterministic)
-            index = index[:, None]  # [1 or b, 1, q, k]
+            table = self.position_dropout(relative, deterministic=deterministic)  # [2 length - 1, hidden]
             bias = 0.0
-            if "c2p" in self.kinds:  # query q against the key of its position relative to k
-                pos_key = (self.key if self.pos_key is None else self.pos_key)(table)  # [rows, h, d]
+            if "c2p" in self.kinds:  # query q against the key of distance q - k
+                pos_key = (self.key if self.pos_key is None else self.pos_key)(table[::-1])  # distance length - 1 - c
                 c2p = jnp.einsum("bhqd,rhd->bhqr", q, pos_key, preferred_element_type=jnp.float32)
-                bias = bias + jnp.take_along_axis(c2p, index, axis=-1)
-            if "p2c" in self.kinds:  # key k against the query of the same relative position
-                pos_query = (self.query if self.pos_query is None else self.pos_query)(table)
+                bias = bias + skew(c2p)  # [q, k] = c2p[q, k + length - 1 - q]: distance q - k
+            if "p2c" in self.kinds:  # key k against the query of the same distance q - k
+                pos_query = (self.query if self.pos_query is None else self.pos_query)(table)  # distance c - (length - 1)
                 pos_query = pos_query * jnp.asarray(self.scale, dtype)
                 p2c = jnp.einsum("bhkd,rhd->bhkr", k, pos_query, preferred_element_type=jnp.float32)
-                bias = bias + jnp.swapaxes(jnp.take_along_axis(p2c, jnp.swapaxes(index, -1, -2), axis=-1), -1, -2)
+                bias = bias + jnp.swapaxes(skew(p2c), -1, -2)  # [k, q] = p2c[k, q + length - 1 - k]
         dropout_active = not deterministic and self.attention_dropout.rate > 0
         probs_dropout = functools.partial(self.attention_dropout, deterministic=False) if dropout_active else None
         context = attention.plain_attention(q, k, v, mask, probs_dropout=probs_dropout, bias=bias)
@@ -340,15 +350,15 @@ class DebertaEncoder(nnx.Module):
         self.schedule = tuple(range(config.num_hidden_layers))
         self.pooler = ContextPooler(config, rngs=rngs) if add_pooler else None
 
-    def relative_table(self, length: int, position_ids=None):
-        """(index, table) for the layers (DisentangledSelfAttention), or None."""
+    def relative_table(self, length: int):
+        """The relative table's row of each distance -(length - 1)..length - 1 (LayerNormed), or None."""
         if self.relative is None:
             return None
-        index, first, count = relative_rows(self.config, length, position_ids)
-        table = self.relative.embedding[first:first + count]
+        rows, first, count = relative_rows(self.config, length)
+        table = self.relative.embedding[first:first + count]  # the rows this length reaches
         if self.relative_norm is not None:  # row-wise: norming the reachable rows is norming the table's
             table = self.relative_norm(table.astype(jnp.float32))
-        return index, table.astype(self.config.compute_dtype)
+        return jnp.take(table, jnp.asarray(rows), axis=0).astype(self.config.compute_dtype)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
                  packing=None):
@@ -368,7 +378,10 @@ class DebertaEncoder(nnx.Module):
         embedded = self.embeddings(input_ids, token_type_ids, token_mask,
                                    jnp.arange(length)[None, :] if position_ids is None else position_ids,
                                    deterministic=deterministic)
-        context = (mask, self.relative_table(length, position_ids))
+        # Relative distances are the row's: between two tokens of one example they equal those of
+        # its position_ids (a distance does not depend on where the example starts in its row), and
+        # the mask drops pairs of two examples. So packed rows need no index of their own.
+        context = (mask, self.relative_table(length))
         if self.config.scans_layers:
             x = scan_layers(self.layers, embedded, context, deterministic, self.config)
         else:
@@ -384,13 +397,11 @@ class DebertaEncoder(nnx.Module):
     def attention_flops_per_token(self, sequence_length: int) -> float:
         """Training FLOPs per token of attention (forward and backward): scores and context as
         BERT's (12 x layers x hidden x length), plus c2p and p2c, each a product of every query
-        (key) with the relative table's rows that length reaches."""
+        (key) with the 2 x length - 1 distances' projections."""
         o = options(self.config)
         kinds = sum(k in o.pos_att_type for k in POSITION_ATTENTION) if o.relative_attention else 0
-        rows = relative_index_table(o.span(self.config), o.position_buckets, o.max_relative(self.config),
-                                    sequence_length)[0].max() + 1 if kinds else 0
         layers, hidden = self.config.num_hidden_layers, self.config.hidden_size
-        return 12 * layers * hidden * sequence_length + 6 * layers * hidden * int(rows) * kinds
+        return 12 * layers * hidden * sequence_length + 6 * layers * hidden * (2 * sequence_length - 1) * kinds
 
 
 # --- config.json ---------------------------------------------------------------------------
