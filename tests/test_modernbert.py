@@ -3,10 +3,13 @@ checkpoints made here (nothing from a hub): the logits of every head at three sh
 width with sequences longer than the 128-token window; mmBERT's published config with 4 of its
 22 layers), padded batches, packed rows against padded ones, scan / remat / dropout, export and
 reload in transformers, config.json as transformers 4 and 5 write it, a locally trained
-tokenizer, and the presets."""
+tokenizer, the presets, and fine-tuning through the command line (NLI fixture, IndoNLU NERP;
+configs/indonli_mmbert.py) and on FSDP / tensor meshes."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -449,3 +452,185 @@ def test_the_local_tokenizer_loads_through_nli_jax(bpe_tokenizer):
     assert words.word_ids()[0] is None and words.word_ids()[-1] is None
     assert [w for w in words.word_ids() if w is not None][:2] == [0, 1] and 2 in words.word_ids()
     assert tokenizer.unk_token_id not in words["input_ids"]  # unseen letters fall back to characters
+
+
+# --- through the workflow ------------------------------------------------------------------------
+
+def _cli(module, *args, timeout=900, env=None):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, bpe_tokenizer):
+    """A random tiny ModernBertForMaskedLM (what a pretrained checkpoint is) with the local
+    tokenizer beside it, as transformers saves both."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bpe_tokenizer)
+    config = transformers.ModernBertConfig(
+        vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, local_attention=16, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id, classifier_pooling="mean")
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tiny_modernbert")
+    transformers.ModernBertForMaskedLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_fine_tunes_on_the_nli_fixture_and_exports_what_it_predicts(tmp_path, tiny_checkpoint):
+    """finetune.main with the NLI cpu_test recipe from a ModernBERT checkpoint (model.init) and its
+    own tokenizer: training learns, predictions are written, and the best parameters exported as
+    ModernBertForSequenceClassification predict in transformers what nli-jax predicted."""
+    workdir = tmp_path / "run"
+    _cli("finetune.main", "--config=configs/indonli_large.py:cpu_test", f"--workdir={workdir}",
+         f"--config.model.init={tiny_checkpoint}", "--config.model.tokenizer=", "--config.export_best=True",
+         "--config.train.num_epochs=4", "--config.eval_splits=('validation',)", f"--config.data.tfds_dir={tmp_path}")
+    results = json.loads((workdir / "results.json").read_text())
+    losses = [json.loads(line)["train/loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()
+              if "train/loss" in json.loads(line)]
+    print(f"modernbert NLI fixture: train loss {losses[0]:.3f} -> {losses[-1]:.3f}, validation accuracy "
+          f"{results['splits']['validation']['accuracy']:.3f}")
+    assert losses[-1] < losses[0]
+    export = workdir / "export_best"
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(export).eval()
+    assert type(model).__name__ == "ModernBertForSequenceClassification"
+    assert model.config.classifier_pooling == "mean" and model.config.id2label[2] == "contradiction"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    ours = [r for r in _jsonl(workdir / "predictions.jsonl") if r["split"] == "validation"]
+    rows = _jsonl(REPO / "nli_jax" / "data" / "fixtures" / "nli_tiny" / "val.jsonl")
+    batch = tokenizer([r["premise"] for r in rows], [r["hypothesis"] for r in rows], padding=True, truncation=True,
+                      max_length=64, return_tensors="pt")
+    with torch.no_grad():
+        probabilities = torch.softmax(model(**batch).logits, -1).numpy()
+    assert [model.config.id2label[int(i)] for i in probabilities.argmax(-1)] == [r["prediction"] for r in ours]
+    np.testing.assert_allclose(probabilities, [r["probabilities"] for r in ours], atol=1e-5)
+
+
+@pytest.mark.slow  # end to end on real IndoNLU files: python -m pytest -m slow
+def test_fine_tunes_on_indonlu_nerp_and_exports_token_classification(shared_data, tmp_path, tiny_checkpoint):
+    """A tagging task (NERP, real files: 200 training sentences) from the ModernBERT checkpoint:
+    word-level predictions for every validation sentence, and an export that transformers loads as
+    ModernBertForTokenClassification with nli-jax's token logits."""
+    real = shared_data / "indonlu" / "nerp_ner-prosa"
+    if not real.is_dir():
+        pytest.skip(f"{real} not found")
+    source = tmp_path / "indonlu" / "nerp_ner-prosa"
+    source.mkdir(parents=True)
+    for name, n in (("train", 200), ("valid", 40)):
+        blocks = [b for b in (real / f"{name}_preprocess.txt").read_text(encoding="utf-8").split("\n\n") if b.strip()]
+        (source / f"{name}_preprocess.txt").write_text("\n\n".join(blocks[:n]) + "\n", encoding="utf-8")
+    workdir = tmp_path / "nerp"
+    _cli("finetune.main", "--config=configs/indonlu.py:task=nerp,model=large,cpu_test", f"--workdir={workdir}",
+         f"--config.model.init={tiny_checkpoint}", "--config.model.tokenizer=", f"--config.data.source={source.parent}",
+         "--config.eval_splits=('validation',)", "--config.export_best=True", f"--config.data.tfds_dir={tmp_path}")
+    predictions = [r for r in _jsonl(workdir / "predictions.jsonl") if r["split"] == "validation"]
+    assert len(predictions) == 40 and all(len(r["prediction"]) == len(r["tokens"]) for r in predictions)
+    results = json.loads((workdir / "results.json").read_text())
+    print(f"modernbert NERP (200 sentences, 20 steps): validation {json.dumps(results['splits']['validation'])[:200]}")
+    export = workdir / "export_best"
+    hf = transformers.AutoModelForTokenClassification.from_pretrained(export).eval()
+    assert type(hf).__name__ == "ModernBertForTokenClassification" and len(hf.config.id2label) > 3
+    ours = ForTokenClassification.from_pretrained(str(export))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    batch = tokenizer([r["tokens"] for r in predictions[:8]], is_split_into_words=True, padding=True,
+                      truncation=True, max_length=64, return_tensors="np")
+    diff = _max_diff("token", _ours(ours, batch["input_ids"], batch["attention_mask"]),
+                     _reference(hf, batch["input_ids"], batch["attention_mask"]), batch["attention_mask"])
+    print(f"modernbert NERP export: max |ours - transformers| {diff:.2e}")
+    assert diff <= TOLERANCE
+
+
+def test_the_mmbert_recipe_config_and_its_cpu_test():
+    """configs/indonli_mmbert.py: the ModernBERT authors' GLUE recipe on jhu-clsp/mmBERT-base, and a
+    :cpu_test that builds the tiny ModernBERT preset offline."""
+    from configs import indonli_mmbert
+    from nli_jax.train.planner import build_plan
+    config = indonli_mmbert.get_config()
+    assert config.model.init == "jhu-clsp/mmBERT-base"
+    assert (config.optimizer.name, config.optimizer.lr, config.optimizer.b2, config.optimizer.eps,
+            config.optimizer.weight_decay, config.optimizer.schedule) == ("adamw", 8e-5, 0.98, 1e-6, 8e-6, "linear")
+    assert (config.train.batch_size, config.train.num_epochs) == (32, 2)
+    plan = build_plan(indonli_mmbert.get_config("cpu_test"))
+    assert plan.model.preset == "tiny-modernbert" and not plan.model.init
+
+
+# On 8 fake CPU devices (a subprocess): the loop's per-step losses on FSDP and tensor meshes equal
+# data parallelism's, with the new parameters in the shardings their logical axes give.
+MESHES = {"data8": {"data": 8}, "data2_fsdp4": {"data": 2, "fsdp": 4}, "data2_tensor4": {"data": 2, "tensor": 4},
+          "fsdp2_tensor4": {"fsdp": 2, "tensor": 4}}
+LOSS_TOLERANCE = 2e-5  # as tests/test_sharding.py: float32 sums reduced in another order
+MESH_SCRIPT = r"""
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from configs import indonli_mmbert
+from nli_jax.train import loop
+meshes, root = json.loads(sys.argv[1]), sys.argv[2]
+train, kept = loop.train, []
+def keep_state(*args, **kwargs):
+    out = train(*args, **kwargs)
+    kept.append(out[0])
+    return out
+loop.train = keep_state
+report = {}
+for name, shape in meshes.items():
+    config = indonli_mmbert.get_config("cpu_test")
+    config.mesh.shape = dict(shape)
+    config.data.tfds_dir = root + "/tfds"
+    config.data.packing = False  # the same rows on every mesh (tests/test_sharding.py)
+    config.train.max_steps = 6
+    config.train.log_every_steps = 1
+    config.eval_splits = ("validation",)
+    workdir = f"{root}/{name}"
+    loop.train_and_evaluate(config, workdir)
+    state = kept.pop()
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    specs = {jax.tree_util.keystr(p): [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+             for p, x in leaves if hasattr(x, "sharding")}
+    losses = [json.loads(line)["train/loss"] for line in open(workdir + "/metrics.jsonl") if "train/loss" in line]
+    report[name] = {"losses": losses, "specs": specs}
+print("REPORT" + json.dumps(report))
+"""
+# tiny-modernbert: embed 64, 4 heads of 16, GeGLU 2 x 96, vocabulary 185 (the fixture tokenizer's).
+QKV = "['encoder']['first_layer']['attn']['qkv']['kernel']"  # [embed, 3, heads, kv]
+ATTN_OUT = "['encoder']['layers'][0]['attn']['output']['kernel']"  # [heads, kv, embed]
+WI = "['encoder']['layers'][1]['mlp']['wi']['kernel']"  # [embed, 2, mlp]
+WO = "['encoder']['layers'][2]['mlp']['wo']['kernel']"  # [mlp, embed]
+HEAD = "['classifier']['head']['dense']['kernel']"  # [embed, hidden]
+EXPECTED_SPECS = {
+    "data8": {QKV: [None] * 4, ATTN_OUT: [None] * 3, WI: [None] * 3, WO: [None] * 2, HEAD: [None] * 2},
+    "data2_fsdp4": {QKV: ["fsdp", None, None, None], ATTN_OUT: [None, None, "fsdp"], WI: ["fsdp", None, None],
+                    WO: [None, "fsdp"], HEAD: ["fsdp", None]},
+    "data2_tensor4": {QKV: [None, None, "tensor", None], ATTN_OUT: ["tensor", None, None], WI: [None, None, "tensor"],
+                      WO: ["tensor", None], HEAD: [None, None]},
+    "fsdp2_tensor4": {QKV: ["fsdp", None, "tensor", None], ATTN_OUT: ["tensor", None, "fsdp"],
+                      WI: ["fsdp", None, "tensor"], WO: ["tensor", "fsdp"], HEAD: ["fsdp", None]},
+}
+
+
+@pytest.mark.slow  # 4 runs of the loop on 8 fake devices: python -m pytest -m slow
+def test_fsdp_and_tensor_meshes_train_like_data_parallel(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(MESHES), str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reports = json.loads(proc.stdout.split("REPORT", 1)[1])
+    reference = reports["data8"]["losses"]
+    assert len(reference) == 6
+    for name, report in reports.items():
+        diff = max(abs(a - b) for a, b in zip(report["losses"], reference))
+        print(f"modernbert {name} vs data8: max |loss diff| {diff:.2e} over {len(reference)} steps")
+        assert len(report["losses"]) == 6 and diff <= LOSS_TOLERANCE, (name, diff)
+        for path, spec in EXPECTED_SPECS[name].items():
+            for tree in ("['params']", ".mu", ".nu"):  # the parameter and its Adam moments
+                found = [s for p, s in report["specs"].items() if p.endswith(tree + path)]
+                assert found == [spec], (name, tree, path, found)
