@@ -167,6 +167,8 @@ MESH_RULES = (
     ("position", None),
     ("token_type", None),
     ("labels", None),
+    ("qkv", None),  # ModernBERT's fused projection: q, k, v (heads split over "tensor" as above)
+    ("glu", None),  # ModernBERT's GeGLU: input and gate halves (each split along "mlp")
     ("layers", None),  # the leading axis of scanned layers' parameters (model.scan_layers): never sharded
 )
 MESH_SHAPE = {"data": -1, "fsdp": 1, "tensor": 1}  # -1: the devices the other axes leave

@@ -22,8 +22,10 @@ from nli_jax.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
+# SentencePiece models: ALBERT/T5's, XLM-R's, DeBERTa-v2/v3's.
+SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")
 # A tokenizer directory needs one of these (tokenizer_config.json alone loads as an empty vocabulary).
-VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", "spiece.model", "sentencepiece.bpe.model", "vocab.json")
+VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES, "vocab.json")
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -177,6 +179,12 @@ def write_directory(path: str, weights: dict[str, np.ndarray], config: dict, *, 
             # IndoBERT checkpoints ship a WordPiece vocab.txt; transformers v5 writes tokenizer.json only.
             with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
                 f.write("\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
+        source = getattr(tokenizer, "vocab_file", None)
+        if (isinstance(source, str) and os.path.basename(source) in SENTENCEPIECE_FILES and os.path.isfile(source)
+                and not os.path.exists(os.path.join(path, os.path.basename(source)))):
+            # transformers v5 saves tokenizer.json only; the SentencePiece model it was converted
+            # from travels too, for readers that load it (transformers v4's slow DeBERTa-v2 tokenizer).
+            shutil.copyfile(source, os.path.join(path, os.path.basename(source)))
         written += [os.path.join(path, name) for name in sorted(set(os.listdir(path)) - before)]
         written += [os.path.join(path, name) for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                                                            "special_tokens_map.json")]
@@ -240,7 +248,7 @@ def load_tokenizer(path: str):
     if not vocabularies:
         raise CheckpointError(f"tokenizer directory {directory} has no vocabulary: expected one of "
                               f"{', '.join(VOCABULARY_FILES)}; found {sorted(files) or 'nothing'}")
-    has_sentencepiece = bool(files & {"spiece.model", "sentencepiece.bpe.model", "tokenizer.json"})
+    has_sentencepiece = bool(files & {*SENTENCEPIECE_FILES, "tokenizer.json"})
     try:
         if ("vocab.txt" in files and not has_sentencepiece) or _names_a_bert_tokenizer(directory, files):
             tokenizer = BertTokenizerFast.from_pretrained(directory)

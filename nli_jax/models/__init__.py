@@ -1,4 +1,9 @@
-"""Flax NNX encoders (BERT, ALBERT, XLM-R) and their heads."""
+"""Flax NNX encoders (BERT, ALBERT, XLM-R, ELECTRA, ...) and their heads."""
+# Every model family module registers its model_types (nli_jax.models.families) when imported:
+# all of them are imported here, before anything builds a model.
+from nli_jax.models import bert  # noqa: F401  (registers bert, albert, roberta, xlm-roberta, electra)
+from nli_jax.models import deberta  # noqa: F401  (registers deberta-v2)
+from nli_jax.models import modernbert  # noqa: F401  (registers modernbert)
 from nli_jax.models.config import ConfigError, EncoderConfig
 from nli_jax.models.encoder import Encoder, make_rngs
 from nli_jax.models.models import (EncoderModel, ForMaskedLM, ForMultiAspectClassification, ForSequenceClassification,

@@ -119,7 +119,7 @@ def _compiles_on(device_kind: str | None, dtype) -> bool:
 
 
 def attend(q, k, v, mask, *, implementation: str = "auto",
-           probs_dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+           probs_dropout: Callable[[jax.Array], jax.Array] | None = None, window: int | None = None) -> jax.Array:
     """Attention context [batch, heads, q, head_dim] of q, k, v [batch, heads, length, head_dim]
     (q already scaled).
 
@@ -129,22 +129,33 @@ def attend(q, k, v, mask, *, implementation: str = "auto",
                              Encoder builds it (the splash path recovers the segment ids);
       int  [batch, length]   segment ids of packed rows, 0 = padding.
     probs_dropout: applied to the attention probabilities (plain path only); None when inactive.
+    window: a sliding window on top of `mask` (ModernBERT's local layers): a query at row position
+      i sees keys j with |i - j| <= window only. Examples of packed rows are contiguous, so row
+      distance is distance within the example.
     """
     chosen = choose(implementation, q, dropout_active=probs_dropout is not None)
     if chosen == "splash":
         if probs_dropout is not None:
             raise ValueError("attention='splash' has no dropout on the attention probabilities: set "
                              "attention_probs_dropout_prob=0, or use attention='auto' or 'plain'")
-        return splash_attention(q, k, v, segment_ids(mask))
-    return plain_attention(q, k, v, mask, probs_dropout=probs_dropout)
+        return splash_attention(q, k, v, segment_ids(mask), window=window)
+    return plain_attention(q, k, v, mask, probs_dropout=probs_dropout, window=window)
 
 
-def plain_attention(q, k, v, mask, *, probs_dropout=None):
-    """XLA attention: float32 scores and softmax, probabilities cast to v's (the compute) dtype."""
+def plain_attention(q, k, v, mask, *, probs_dropout=None, bias=None, window: int | None = None):
+    """XLA attention: float32 scores and softmax, probabilities cast to v's (the compute) dtype.
+    bias: float32 added to the scores before masking, broadcast against [b, h, q, k] (DeBERTa's
+    relative-position terms). window: as `attend`'s."""
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=jnp.float32)  # [b, h, q, k]
+    if bias is not None:
+        scores = scores + bias
+    allowed = _key_mask(mask)
+    if window is not None:
+        rows = jnp.arange(q.shape[2])[:, None] - jnp.arange(k.shape[2])[None, :]
+        allowed = allowed & (jnp.abs(rows) <= window)
     # Masked keys get the most negative finite value, as Hugging Face's additive mask does,
     # so even all-padding rows stay finite.
-    scores = jnp.where(_key_mask(mask), scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if probs_dropout is not None:
         probs = probs_dropout(probs)
@@ -180,18 +191,22 @@ def block_sizes(length: int) -> splash.BlockSizes:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(heads: int, length: int, interpret: bool):
-    # No static mask (FullMask): the segment ids are the whole mask.
-    mask = splash.MultiHeadMask([splash.FullMask((length, length))] * heads)
+def _kernel(heads: int, length: int, interpret: bool, window: int | None = None):
+    # No static mask (FullMask), or a band of +-window (LocalMask): the segment ids do the rest.
+    # The kernel skips the blocks a band leaves empty.
+    one = (splash.FullMask((length, length)) if window is None
+           else splash.LocalMask((length, length), window_size=(window, window), offset=0))
+    mask = splash.MultiHeadMask([one] * heads)
     # Its block tables (jnp arrays) are made concrete, not traced: the kernel outlives the trace
     # it was first built in (this cache), and they are constants of every program that uses it.
     with jax.ensure_compile_time_eval():
         return splash.make_splash_mha_single_device(mask, block_sizes=block_sizes(length), interpret=interpret)
 
 
-def splash_attention(q, k, v, segments):
+def splash_attention(q, k, v, segments, *, window: int | None = None):
     """The splash kernel over q, k, v [batch, heads, length, head_dim] with int segment ids
-    [batch, length]; inside shard_map when the mesh has more than one device."""
+    [batch, length] (and a sliding `window`, as `attend`'s); inside shard_map when the mesh has
+    more than one device."""
     length = q.shape[2]
     padded = -(-length // _LANES) * _LANES
     if padded != length:  # tiles are multiples of 128: extra keys go to segment 0 (padding)
@@ -201,7 +216,7 @@ def splash_attention(q, k, v, segments):
     interpret = _interpret
 
     def per_device(q, k, v, segments):
-        kernel = _kernel(q.shape[1], q.shape[2], interpret)
+        kernel = _kernel(q.shape[1], q.shape[2], interpret, window)
         return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
             q, k, v, segments)
 

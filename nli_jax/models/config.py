@@ -1,7 +1,9 @@
-"""Encoder configuration shared by BERT, ALBERT, XLM-R/RoBERTa and ELECTRA.
+"""Encoder configuration shared by every model family (nli_jax.models.families).
 
 Field names follow Hugging Face's config.json so that import and export are a direct copy;
-`from_hf_dict` / `to_hf_dict` are the only places that know about the differences.
+`from_hf_dict` / `to_hf_dict` hand the differences to the family of the config's model_type
+(its `from_hf` / `to_hf`, built on `hf_fields` / `hf_common`). A family's own fields live in
+`family_options`, a frozen dataclass of the family's.
 """
 from __future__ import annotations
 
@@ -11,9 +13,8 @@ from typing import Any
 import jax.numpy as jnp
 
 from nli_jax.errors import ConfigError  # noqa: F401  (re-exported: nli_jax.models.ConfigError)
+from nli_jax.models import families
 from nli_jax.plan import REMAT_POLICIES, remat_policy_name
-
-MODEL_TYPES = ("bert", "albert", "xlm-roberta", "roberta", "electra")
 
 # Hugging Face activation names -> ours. "gelu" is the exact erf form; "gelu_new" and
 # "gelu_pytorch_tanh" are the tanh approximation.
@@ -64,12 +65,15 @@ class EncoderConfig:
     # Attention kernel (nli_jax.models.attention): "plain" XLA, "splash" (Pallas, TPU), or "auto":
     # splash when compiling for a TPU without attention-probability dropout, plain otherwise.
     attention: str = "auto"
+    # The family's own fields (a frozen dataclass of its module, e.g. DeBERTa's relative
+    # attention); None for the BERT-like families. Compared and hashed with the rest: two shapes
+    # never share a compiled program.
+    family_options: Any = None
     # Hugging Face fields we do not use but keep for a faithful export (bos/eos ids, ...).
     extra: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise ConfigError(f"unknown model_type {self.model_type!r}; expected one of {MODEL_TYPES}")
+        families.get(self.model_type)  # ConfigError naming the known model types
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"unknown hidden_act {self.hidden_act!r}; expected one of {ACTIVATIONS}")
         if self.hidden_size % self.num_attention_heads:
@@ -101,8 +105,9 @@ class EncoderConfig:
 
     @property
     def has_pooler(self) -> bool:
-        """RoBERTa and ELECTRA classify from the first token with a head of their own, no pooler."""
-        return not (self.is_roberta or self.is_electra)
+        """Whether sequence classification reads the encoder's pooled output (the family's
+        classifier_pooler): RoBERTa and ELECTRA classify from the first token with a head of their own."""
+        return families.get(self.model_type).classifier_pooler
 
     @property
     def embed_dim(self) -> int:
@@ -164,59 +169,55 @@ class EncoderConfig:
         if "model_type" not in d:
             raise ConfigError("config.json has no 'model_type'")
         model_type = d["model_type"]
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports {MODEL_TYPES}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", *NLI_JAX_FIELDS, "model_type"}
-        kwargs: dict[str, Any] = {"model_type": model_type}
-        for name in names:
-            if name in d and d[name] is not None:
-                kwargs[name] = d[name]
-        if model_type == "albert":
-            kwargs.setdefault("classifier_dropout", d.get("classifier_dropout_prob"))
-            kwargs.setdefault("hidden_act", "gelu_new")  # HF AlbertConfig default
-        if model_type not in ("albert", "electra"):
-            kwargs.pop("embedding_size", None)
-        if model_type != "albert":
-            kwargs.pop("num_hidden_groups", None)
-            kwargs.pop("inner_group_num", None)
-        if model_type in ("xlm-roberta", "roberta"):
-            kwargs.setdefault("pad_token_id", 1)
-            kwargs.setdefault("layer_norm_eps", 1e-5)
-        if d.get("position_embedding_type", "absolute") != "absolute":
-            raise ConfigError(f"position_embedding_type {d['position_embedding_type']!r} is not supported (only 'absolute')")
-        skip = names | set(NLI_JAX_FIELDS) | {"model_type", "architectures", "transformers_version",
-                                              "classifier_dropout_prob", "position_embedding_type", "torch_dtype"}
-        kwargs["extra"] = {k: v for k, v in d.items() if k not in skip}
+        if model_type not in families.model_types():
+            raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports "
+                              f"{families.model_types()}")
+        kwargs = families.get(model_type).from_hf(d)
         kwargs.update(overrides)
         return cls(**kwargs)
 
     def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = dict(self.extra)
-        d.update(
-            model_type=self.model_type,
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            hidden_act=self.hidden_act,
-            hidden_dropout_prob=self.hidden_dropout_prob,
-            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
-            max_position_embeddings=self.max_position_embeddings,
-            type_vocab_size=self.type_vocab_size,
-            initializer_range=self.initializer_range,
-            layer_norm_eps=self.layer_norm_eps,
-            pad_token_id=self.pad_token_id,
-            position_embedding_type="absolute",
-            dtype="float32",
-        )
-        if self.is_albert:
-            d.update(embedding_size=self.embed_dim, num_hidden_groups=self.num_hidden_groups,
-                     inner_group_num=self.inner_group_num, classifier_dropout_prob=self.classifier_dropout_rate)
-        else:
-            d["classifier_dropout"] = self.classifier_dropout
-        if self.is_electra:
-            d["embedding_size"] = self.embed_dim
+        d = families.get(self.model_type).to_hf(self)
         if architectures:
             d["architectures"] = list(architectures)
         return d
+
+
+# config.json keys no family reads: written by transformers, or derived from the class.
+_HF_BOOKKEEPING = ("architectures", "transformers_version", "torch_dtype")
+
+
+def hf_fields(d: dict[str, Any], *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """EncoderConfig keyword arguments from a config.json dict `d`: model_type, every field
+    config.json names as EncoderConfig does (Nones left out), and `extra`: the keys nli-jax does
+    not read (neither those fields nor `skip`), kept for a faithful export."""
+    names = {f.name for f in dataclasses.fields(EncoderConfig)} - {"extra", "family_options", *NLI_JAX_FIELDS,
+                                                                     "model_type"}
+    kwargs: dict[str, Any] = {"model_type": d["model_type"]}
+    kwargs.update({name: d[name] for name in names if name in d and d[name] is not None})
+    ignored = names | set(NLI_JAX_FIELDS) | {"model_type", *_HF_BOOKKEEPING, *skip}
+    kwargs["extra"] = {k: v for k, v in d.items() if k not in ignored}
+    return kwargs
+
+
+def hf_common(config: EncoderConfig) -> dict[str, Any]:
+    """The config.json fields every family writes alike, over the config's `extra`."""
+    d: dict[str, Any] = dict(config.extra)
+    d.update(
+        model_type=config.model_type,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        initializer_range=config.initializer_range,
+        layer_norm_eps=config.layer_norm_eps,
+        pad_token_id=config.pad_token_id,
+        dtype="float32",
+    )
+    return d

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nli_jax.models import attention
+from nli_jax.models import attention, families
 from nli_jax.models.config import EncoderConfig
 
 # Logical axis names used on parameters. Activations use "batch" and "length" as well.
@@ -204,11 +204,13 @@ def _cache_sized_rows(shape, like=None) -> int:
 
 
 class TransformerLayer(nnx.Module):
-    """Post-LayerNorm transformer layer (BERT and ALBERT share this shape)."""
+    """Post-LayerNorm transformer layer (BERT and ALBERT share this shape; DeBERTa's is this with
+    its own `attention_class`, whose second argument is whatever the encoder passes its layers)."""
+    attention_class = SelfAttention
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.attention = SelfAttention(config, rngs=rngs)
+        self.attention = self.attention_class(config, rngs=rngs)
         self.attention_norm = layer_norm(config, config.hidden_size, EMBED, rngs=rngs)
         self.mlp_in = dense(config, config.hidden_size, config.intermediate_size, (EMBED, MLP), rngs=rngs)
         self.mlp_out = dense(config, config.intermediate_size, config.hidden_size, (MLP, EMBED), rngs=rngs)
@@ -272,18 +274,24 @@ _SCAN_TRAINING = nnx.StateAxes({(nnx.Param, "dropout"): 0, ...: None})
 _SCAN_DETERMINISTIC = nnx.StateAxes({nnx.Param: 0, ...: None})
 
 
-def _stacked_layers(config: EncoderConfig, rngs: nnx.Rngs) -> TransformerLayer:
-    """One TransformerLayer whose parameters are num_hidden_layers layers' stacked, each drawn
-    from its own split of the "params" stream."""
+def stacked_layers(config: EncoderConfig, rngs: nnx.Rngs, layer=None) -> nnx.Module:
+    """One `layer` (a class built as layer(config, rngs=...); TransformerLayer by default) whose
+    parameters are num_hidden_layers layers' stacked, each drawn from its own split of the
+    "params" stream."""
+    layer = layer or TransformerLayer
+
     @nnx.split_rngs(splits=config.num_hidden_layers, only="params")
     @nnx.vmap(in_axes=(nnx.StateAxes({"params": 0, ...: None}),), out_axes=nnx.StateAxes({nnx.Param: 0, ...: None}),
               transform_metadata={nnx.PARTITION_NAME: LAYERS})
     def create(rngs):
-        return TransformerLayer(config, rngs=rngs)
+        return layer(config, rngs=rngs)
     return create(rngs)
 
 
-def _scan_layers(layers: TransformerLayer, x, attention_mask, deterministic: bool, config: EncoderConfig):
+def scan_layers(layers: nnx.Module, x, attention_mask, deterministic: bool, config: EncoderConfig):
+    """x through stacked `layers` (stacked_layers) as one nnx.scan. `attention_mask` is whatever
+    every layer takes besides x (the same for each layer: any pytree), passed to layer(x,
+    attention_mask, deterministic)."""
     run = layer_runner(config.remat, True)
 
     def body(layer, x, attention_mask):
@@ -339,7 +347,7 @@ class Encoder(nnx.Module):
         else:
             self.embedding_projection = None
         if config.scans_layers:
-            self.layers = _stacked_layers(config, rngs)
+            self.layers = stacked_layers(config, rngs)
         else:
             self.layers = nnx.List([TransformerLayer(config, rngs=rngs) for _ in range(config.num_unique_layers)])
         self.schedule = config.layer_schedule()
@@ -359,13 +367,17 @@ class Encoder(nnx.Module):
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         if self.config.scans_layers:
-            x = _scan_layers(self.layers, x, attention_mask, deterministic, self.config)
+            x = scan_layers(self.layers, x, attention_mask, deterministic, self.config)
         else:
             run = layer_runner(self.config.remat, False)
             for index in self.schedule:
                 x = run(self.layers[index], x, attention_mask, deterministic)
         pooled = jnp.tanh(self.pooler(first_tokens(x, packing))) if self.pooler is not None else None
         return x, pooled
+
+    def attention_flops_per_token(self, sequence_length: int) -> float:
+        """Training FLOPs per token of attention's scores and context (forward and backward)."""
+        return 12 * self.config.num_hidden_layers * self.config.hidden_size * sequence_length
 
 
 # --- scanned <-> per-layer parameters ---------------------------------------------------------
@@ -423,17 +435,19 @@ def training_flops_per_token(model: nnx.Module, sequence_length: int) -> float:
     """Training FLOPs per token (forward and backward) of every encoder `model` holds (ELECTRA's
     generator and discriminator; shared embeddings once): 6 x the parameters a token passes
     through outside the embedding tables (an ALBERT layer shared across depth counted at every
-    depth it runs), plus attention's 12 x layers x hidden x length (scores and context, forward
-    and backward), the count behind the papers' MFU figures. Works on abstract models."""
+    depth it runs), plus each encoder's attention_flops_per_token (BERT's: 12 x layers x hidden x
+    length, scores and context, forward and backward), the count behind the papers' MFU
+    figures. Works on abstract models. Encoders: every family's (nli_jax.models.families)."""
     def size(module) -> int:
         return sum(x.size for _, x in nnx.to_flat_state(nnx.state(module, nnx.Param)))
     modules = [node for _, node in nnx.iter_graph(model)]  # each shared module once
-    encoders = [m for m in modules if isinstance(m, Encoder)]
-    embedding_params = sum(size(m) for m in modules if isinstance(m, Embeddings))
+    encoders = [m for m in modules if isinstance(m, families.encoder_classes())]
+    # ELECTRA's generator and discriminator hold one Embeddings module: counted once.
+    embedding_params = sum(size(e) for e in {id(m.embeddings): m.embeddings for m in encoders}.values())
     layer_params = sum(size(m.layers) for m in encoders)
     # A scanned stack runs each of its stacked layers once; a loop runs layers[index] per depth.
     applied_layer_params = sum(size(m.layers) if m.config.scans_layers else
                                sum(size(m.layers[index]) for index in m.schedule) for m in encoders)
-    attention = sum(12 * m.config.num_hidden_layers * m.config.hidden_size for m in encoders)
+    attention = sum(m.attention_flops_per_token(sequence_length) for m in encoders)
     outside = size(model) - embedding_params - layer_params
-    return 6 * (outside + applied_layer_params) + attention * sequence_length
+    return 6 * (outside + applied_layer_params) + attention

@@ -1,4 +1,5 @@
-"""Task models: an `Encoder` plus a head. Each maps to Hugging Face PyTorch classes for I/O.
+"""Task models: the encoder of the config's family (nli_jax.models.families) plus a head. Each
+maps to Hugging Face PyTorch classes for I/O.
 
     model = ForSequenceClassification.from_pretrained("path/to/indobert-large-p2", num_labels=3)
     logits = model(input_ids, attention_mask, token_type_ids, deterministic=True)
@@ -9,11 +10,22 @@ from __future__ import annotations
 from flax import nnx
 
 from nli_jax.checkpoints.hf import CheckpointError
+from nli_jax.models import families
 from nli_jax.models.config import EncoderConfig
-from nli_jax.models.encoder import Encoder, first_tokens
+from nli_jax.models.encoder import first_tokens
 from nli_jax.models.heads import (MaskedLMHead, MultiAspectHead, ReplacedTokenHead, SentenceHead,
                                   SequenceClassificationHead, TokenClassificationHead)
 from nli_jax.models.pretrained import PretrainedModel
+
+
+def family_encoder(config: EncoderConfig, *, add_pooler: bool, rngs: nnx.Rngs) -> nnx.Module:
+    """The encoder of config's family."""
+    return families.get(config.model_type).encoder(config, add_pooler=add_pooler, rngs=rngs)
+
+
+def family_head(role: str, default, config: EncoderConfig, *args, **kwargs) -> nnx.Module:
+    """The head for `role` of config's family (its `heads`), else `default`."""
+    return families.get(config.model_type).heads.get(role, default)(config, *args, **kwargs)
 
 
 class EncoderModel(PretrainedModel):
@@ -22,8 +34,9 @@ class EncoderModel(PretrainedModel):
     def __init__(self, config: EncoderConfig, *, add_pooler: bool | None = None, rngs: nnx.Rngs):
         """add_pooler: None = as the family's base model has one (ELECTRA's has none)."""
         self.config = config
-        self.encoder = Encoder(config, add_pooler=not config.is_electra if add_pooler is None else add_pooler,
-                               rngs=rngs)
+        if add_pooler is None:
+            add_pooler = families.get(config.model_type).base_pooler
+        self.encoder = family_encoder(config, add_pooler=add_pooler, rngs=rngs)
 
     def head_arguments(self):
         return {"add_pooler": self.encoder.pooler is not None}
@@ -48,8 +61,8 @@ class ForMaskedLM(PretrainedModel):
 
     def __init__(self, config: EncoderConfig, *, sentence_head: bool = False, rngs: nnx.Rngs):
         self.config = config
-        self.encoder = Encoder(config, add_pooler=sentence_head, rngs=rngs)
-        self.mlm = MaskedLMHead(config, rngs=rngs)
+        self.encoder = family_encoder(config, add_pooler=sentence_head, rngs=rngs)
+        self.mlm = family_head("masked_lm", MaskedLMHead, config, rngs=rngs)
         self.sentence = SentenceHead(config, rngs=rngs) if sentence_head else None
 
     def head_arguments(self):
@@ -73,8 +86,8 @@ class ForSequenceClassification(PretrainedModel):
         self.config = config
         self.num_labels = num_labels
         # RoBERTa's and ELECTRA's classification heads have their own dense layer instead of the pooler.
-        self.encoder = Encoder(config, add_pooler=config.has_pooler, rngs=rngs)
-        self.classifier = SequenceClassificationHead(config, num_labels, rngs=rngs)
+        self.encoder = family_encoder(config, add_pooler=config.has_pooler, rngs=rngs)
+        self.classifier = family_head("sequence", SequenceClassificationHead, config, num_labels, rngs=rngs)
 
     def head_arguments(self):
         return {"num_labels": self.num_labels}
@@ -95,8 +108,8 @@ class ForTokenClassification(PretrainedModel):
     def __init__(self, config: EncoderConfig, *, num_labels: int, rngs: nnx.Rngs):
         self.config = config
         self.num_labels = num_labels
-        self.encoder = Encoder(config, add_pooler=False, rngs=rngs)
-        self.classifier = TokenClassificationHead(config, num_labels, rngs=rngs)
+        self.encoder = family_encoder(config, add_pooler=False, rngs=rngs)
+        self.classifier = family_head("token", TokenClassificationHead, config, num_labels, rngs=rngs)
 
     def head_arguments(self):
         return {"num_labels": self.num_labels}
@@ -120,8 +133,8 @@ class ForMultiAspectClassification(PretrainedModel):
     def __init__(self, config: EncoderConfig, *, num_aspects: int, num_labels: int, rngs: nnx.Rngs):
         self.config = config
         self.num_aspects, self.num_labels = num_aspects, num_labels
-        self.encoder = Encoder(config, add_pooler=True, rngs=rngs)
-        self.classifier = MultiAspectHead(config, num_aspects, num_labels, rngs=rngs)
+        self.encoder = family_encoder(config, add_pooler=True, rngs=rngs)
+        self.classifier = family_head("multi_aspect", MultiAspectHead, config, num_aspects, num_labels, rngs=rngs)
 
     def head_arguments(self):
         return {"num_aspects": self.num_aspects, "num_labels": self.num_labels}
@@ -140,7 +153,7 @@ class ForReplacedTokenDetection(PretrainedModel):
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.encoder = Encoder(config, add_pooler=False, rngs=rngs)
+        self.encoder = family_encoder(config, add_pooler=False, rngs=rngs)
         self.discriminator = ReplacedTokenHead(config, rngs=rngs)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True):

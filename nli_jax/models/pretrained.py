@@ -1,7 +1,9 @@
 """Hugging Face checkpoints <-> nli-jax NNX models: `PretrainedModel`, the base of every task
 model, with `from_pretrained` / `save_pretrained`, and the map from our parameters to
 transformers' names and layouts. Files are read and written by nli_jax.checkpoints.hf (which
-knows nothing of the models); each model class declares how transformers names it (`hf_*`).
+knows nothing of the models); each model class declares how transformers names it (`hf_*`),
+and the family of its config's model_type (nli_jax.models.families) its class prefix and
+parameter names.
 
 Layouts: HF Linear weights are [out, in], ours are [in, out]; our attention projections keep
 heads as their own axis ([embed, heads, kv] and [heads, kv, embed]) for tensor parallelism.
@@ -21,6 +23,8 @@ import numpy as np
 from flax import nnx
 
 from nli_jax.checkpoints import hf
+from nli_jax.models import families
+from nli_jax.models.families import REVERSED
 from nli_jax.models.config import ConfigError, EncoderConfig
 from nli_jax.models.encoder import make_rngs, stack_layers, training_flops_per_token, unstack_layers
 
@@ -48,7 +52,7 @@ class PretrainedModel(nnx.Module):
 
     def hf_architecture(self, suffix: str | None = None) -> str:
         """The transformers class this model saves as (config.json's architectures)."""
-        return _FAMILY[self.config.model_type] + (suffix or self.hf_suffix)
+        return families.get(self.config.model_type).hf_prefix + (suffix or self.hf_suffix)
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs):
@@ -58,100 +62,31 @@ class PretrainedModel(nnx.Module):
         save_pretrained(self, path, tokenizer=tokenizer, label_names=label_names, extra=extra)
 
 
-_FAMILY = {"bert": "Bert", "albert": "Albert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta", "electra": "Electra"}
-_PREFIX = {"bert": "bert", "albert": "albert", "xlm-roberta": "roberta", "roberta": "roberta", "electra": "electra"}
-
-
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One parameter: our state path, its Hugging Face name, and how many leading kernel axes
-    are input axes (kernels only; 0 for embeddings, biases and norms)."""
+    are input axes (kernels only; 0 for embeddings, biases and norms; REVERSED: transformers'
+    layout is ours with every axis reversed, as a convolution's [out, in, width])."""
     path: tuple
     hf_name: str
     in_axes: int = 0
     is_encoder: bool = True
 
 
-def _encoder_names(config: EncoderConfig, rest: tuple) -> tuple[str, int]:
-    """HF name (without the base-model prefix) and input-axis count for an encoder path."""
-    leaf = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}[rest[-1]]
-    kernel_in = 1 if rest[-1] == "kernel" else 0
-    head = rest[0]
-    if head == "embeddings":
-        table = {"word": "word_embeddings", "position": "position_embeddings",
-                 "token_type": "token_type_embeddings", "norm": "LayerNorm"}[rest[1]]
-        return f"embeddings.{table}.{leaf}", 0
-    if head == "embedding_projection":
-        if config.is_electra:
-            return f"embeddings_project.{leaf}", kernel_in
-        return f"encoder.embedding_hidden_mapping_in.{leaf}", kernel_in
-    if head == "pooler":
-        return (f"pooler.{leaf}" if config.is_albert else f"pooler.dense.{leaf}"), kernel_in
-    assert head == "layers", rest
-    index, module = rest[1], rest[2:-1]
-    if config.is_albert:
-        group, inner = divmod(index, config.inner_group_num)
-        base = f"encoder.albert_layer_groups.{group}.albert_layers.{inner}."
-        sub = {("attention", "query"): "attention.query", ("attention", "key"): "attention.key",
-               ("attention", "value"): "attention.value", ("attention", "output"): "attention.dense",
-               ("attention_norm",): "attention.LayerNorm", ("mlp_in",): "ffn", ("mlp_out",): "ffn_output",
-               ("mlp_norm",): "full_layer_layer_norm"}[module]
-    else:
-        base = f"encoder.layer.{index}."
-        sub = {("attention", "query"): "attention.self.query", ("attention", "key"): "attention.self.key",
-               ("attention", "value"): "attention.self.value", ("attention", "output"): "attention.output.dense",
-               ("attention_norm",): "attention.output.LayerNorm", ("mlp_in",): "intermediate.dense",
-               ("mlp_out",): "output.dense", ("mlp_norm",): "output.LayerNorm"}[module]
-    if module == ("attention", "output") and kernel_in:
-        kernel_in = 2  # [heads, kv, embed]
-    return base + sub + "." + leaf, kernel_in
-
-
-def _head_name(config: EncoderConfig, model: "PretrainedModel", rest: tuple) -> str:
-    """HF name of a head parameter, as transformers' task classes name it."""
-    t = config.model_type
-    leaf = {"kernel": "weight", "bias": "bias", "scale": "weight"}[rest[-1]]
-    if rest[0] == "mlm":
-        if rest == ("mlm", "bias"):
-            return {"bert": "cls.predictions.bias", "albert": "predictions.bias",
-                    "electra": "generator_lm_head.bias"}.get(t, "lm_head.bias")
-        module = rest[1]
-        if t == "electra":
-            return {"transform": "generator_predictions.dense", "norm": "generator_predictions.LayerNorm"}[module] + "." + leaf
-        if t == "bert":
-            return {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm"}[module] + "." + leaf
-        if t == "albert":
-            return {"transform": "predictions.dense", "norm": "predictions.LayerNorm"}[module] + "." + leaf
-        return {"transform": "lm_head.dense", "norm": "lm_head.layer_norm"}[module] + "." + leaf
-    if rest[0] == "sentence":
-        if t == "bert":
-            return f"cls.seq_relationship.{leaf}"
-        if t == "albert":
-            return f"sop_classifier.classifier.{leaf}"
-        raise hf.CheckpointError(f"{t} has no next-sentence/sentence-order head in transformers")
-    if rest[0] == "discriminator":
-        return {"dense": "discriminator_predictions.dense",
-                "prediction": "discriminator_predictions.dense_prediction"}[rest[1]] + "." + leaf
-    if rest[0] == "classifier":
-        if model.hf_roberta_classifier and not config.has_pooler:
-            return {"dense": "classifier.dense", "out": "classifier.out_proj"}[rest[1]] + "." + leaf
-        return f"classifier.{leaf}"
-    raise KeyError(rest)
-
-
 def parameter_entries(model: "PretrainedModel") -> list[Entry]:
     """Every parameter of `model` with its Hugging Face name (base-model prefix included
     for task models, as transformers saves them)."""
     config = model.config
-    prefix = "" if model.hf_base_model else _PREFIX[config.model_type] + "."
+    family = families.get(config.model_type)
+    prefix = "" if model.hf_base_model else family.base_model_prefix + "."
     entries = []
     for path in _per_layer_shapes(model):
         if path[0] == "encoder":
-            name, in_axes = _encoder_names(config, path[1:])
-            entries.append(Entry(path, prefix + name, in_axes, True))
+            name, in_axes = family.encoder_name(config, path[1:])
+            entries.append(Entry(path, prefix + name if family.in_base_model(name) else name, in_axes, True))
         else:
             in_axes = 1 if path[-1] == "kernel" else 0
-            entries.append(Entry(path, _head_name(config, model, path), in_axes, False))
+            entries.append(Entry(path, family.head_name(config, model, path), in_axes, False))
     return entries
 
 
@@ -162,6 +97,8 @@ def _per_layer_shapes(model: "PretrainedModel") -> dict:
 
 
 def _hf_shape(e: Entry, shape: tuple) -> tuple:
+    if e.in_axes == REVERSED:
+        return tuple(reversed(shape))
     if e.in_axes:  # kernel: ours [in..., out...] -> HF [prod(out), prod(in)]
         return (int(np.prod(shape[e.in_axes:])), int(np.prod(shape[:e.in_axes])))
     if e.path[-1] == "embedding":  # tables have the same layout
@@ -170,13 +107,15 @@ def _hf_shape(e: Entry, shape: tuple) -> tuple:
 
 
 def to_ours(w: np.ndarray, shape: tuple, in_axes: int) -> np.ndarray:
-    if in_axes:
+    if in_axes:  # ndarray.T reverses every axis: also REVERSED's inverse
         return np.ascontiguousarray(w.T).reshape(shape)
     return w.reshape(shape)
 
 
 def to_hf(e: Entry, x: np.ndarray) -> np.ndarray:
-    if e.in_axes:
+    if e.in_axes == REVERSED:
+        x = x.T
+    elif e.in_axes:
         x = x.reshape(int(np.prod(x.shape[:e.in_axes])), int(np.prod(x.shape[e.in_axes:]))).T
     elif e.path[-1] != "embedding":
         x = x.reshape(-1)
@@ -192,10 +131,11 @@ _HEAD_PREFIXES = ("cls.", "predictions.", "lm_head.", "sop_classifier.", "classi
 
 def _canonical(config: EncoderConfig, weights: dict) -> dict:
     """Checkpoint keys with the base-model prefix, whether or not the file had it."""
-    prefix = _PREFIX[config.model_type] + "."
+    family = families.get(config.model_type)
+    prefix = family.base_model_prefix + "."
     out = {}
     for k, v in weights.items():
-        if k.startswith(("embeddings.", "embeddings_project.", "encoder.", "pooler.")):
+        if family.in_base_model(k):
             k = prefix + k
         out[k] = v
     return out
@@ -270,15 +210,17 @@ def _checkpoint_entries(model: "PretrainedModel") -> list[Entry]:
     """parameter_entries under the names a checkpoint's weights have after _canonical."""
     entries = parameter_entries(model)
     if model.hf_base_model:  # canonical keys carry the prefix
-        prefix = _PREFIX[model.config.model_type] + "."
-        entries = [dataclasses.replace(e, hf_name=prefix + e.hf_name) for e in entries]
+        family = families.get(model.config.model_type)
+        entries = [dataclasses.replace(e, hf_name=family.base_model_prefix + "." + e.hf_name)
+                   if family.in_base_model(e.hf_name) else e for e in entries]
     return entries
 
 
 def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, source: str = "checkpoint",
                  strict: bool = True) -> None:
     config = model.config
-    prefix = _PREFIX[config.model_type] + "."
+    family = families.get(config.model_type)
+    prefix = family.base_model_prefix + "."
     entries = _checkpoint_entries(model)
     state = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(state))
@@ -306,7 +248,8 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
     if unusable:
         raise hf.CheckpointError(f"{source}: " + "; ".join(unusable))
     unused = sorted(k for k in weights if k not in used)
-    unexpected = [k for k in unused if not _IGNORABLE.search(k) and not k.startswith(_HEAD_PREFIXES)
+    ignorable = lambda k: _IGNORABLE.search(k) or (family.unused_keys is not None and family.unused_keys.search(k))
+    unexpected = [k for k in unused if not ignorable(k) and not k.startswith(_HEAD_PREFIXES + family.head_keys)
                   and not k.startswith(prefix + "pooler.")]
     problems = []
     if missing:
@@ -317,7 +260,7 @@ def load_weights(model: "PretrainedModel", weights: dict[str, np.ndarray], *, so
         problems.append(f"checkpoint weights that map to nothing in {type(model).__name__}: {unexpected}")
     if problems:
         raise hf.CheckpointError(f"{source} does not match {type(model).__name__} ({config.model_type}): " + "; ".join(problems))
-    heads_unused = [k for k in unused if not _IGNORABLE.search(k) and k not in unexpected]
+    heads_unused = [k for k in unused if not ignorable(k) and k not in unexpected]
     if fresh:
         log.warning("%s: newly initialised (not in %s): %s", type(model).__name__, source, fresh)
     if heads_unused:

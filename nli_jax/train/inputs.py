@@ -23,7 +23,7 @@ _MIB = 1 << 20
 
 # Files of a tokenizer directory (others in it, such as weights, are not the tokenizer's).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "vocab.json", "merges.txt")
+                   "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "spm.model", "vocab.json", "merges.txt")
 
 
 class InputsChangedError(RunError):
