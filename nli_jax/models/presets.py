@@ -25,7 +25,7 @@ PRESETS: dict[str, dict] = {
                                 intermediate_size=4096),
     # The IndoNLU paper's from-scratch baseline: 2 layers of BERT-base width.
     "scratch-2layer": dict(_BERT, num_hidden_layers=2, num_attention_heads=12, hidden_size=768, intermediate_size=3072),
-    # A small BERT for pretraining experiments on one CPU machine (benchmarks/pretrain_id_corpus.py).
+    # A small BERT for pretraining experiments on one CPU machine (benchmarks/experiments/pretrain_id_corpus.py).
     "small-bert": dict(_BERT, num_hidden_layers=4, num_attention_heads=4, hidden_size=256, intermediate_size=1024),
     # The scratch baseline's depth at a width one CPU machine can train on all 12 IndoNLU tasks.
     "scratch-2layer-small": dict(_BERT, num_hidden_layers=2, num_attention_heads=4, hidden_size=256,
