@@ -142,15 +142,17 @@ def write_outputs(workdir: str, summary: dict) -> str:
     notes.append(f"selected lr: {selected} (best mean validation {metric}); per-cell values in sweep.json")
     title = (f"{summary['task']}, {summary['model']}: {metric} x 100, mean (sample std) over seeds; "
              f"* = lr selected by mean validation {metric}")
-    tables.write_csv(os.path.join(workdir, "table.csv"), header, rows)
-    text = tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
-    storage.write_text(os.path.join(workdir, "sweep.json"), json.dumps(summary, indent=2))
+    tables.write_csv(storage.under(workdir, "table.csv"), header, rows)
+    text = tables.write_markdown(storage.under(workdir, "table.md"), header, rows, title=title, notes=notes)
+    storage.write_text(storage.under(workdir, "sweep.json"), json.dumps(summary, indent=2))
     return text
 
 
 def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
     """Runs every (lr, seed) cell not finished yet; returns sweep.json's contents (plus "table")."""
     from nli_jax.train.planner import build_plan
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(workdir, "--workdir")  # its cells are its own runs; the sweep is inside no other run
     plan = build_plan(config, training=False)  # the sweep's task, splits and model (the cells check the rest)
     cells = [{"lr": lr, "seed": seed, "workdir": os.path.join(workdir, f"lr_{lr_name(lr)}", f"seed_{seed}"),
               "status": "pending"} for lr in lrs for seed in seeds]
@@ -185,8 +187,8 @@ def setup_sweep_log(workdir: str) -> None:
     log.setLevel(logging.INFO)
     log.propagate = False
     fmt = logging.Formatter("%(asctime)s sweep: %(message)s", "%H:%M:%S")
-    sweep_log = storage.synced_local_file(os.path.join(workdir, "sweep.log"))  # gs://: uploaded every few seconds
-    for handler in (logging.StreamHandler(), logging.FileHandler(sweep_log)):
+    # gs://: a local file uploaded every few seconds
+    for handler in (logging.StreamHandler(), storage.LogFile(storage.under(workdir, "sweep.log"))):
         handler.setFormatter(fmt)
         log.addHandler(handler)
 
@@ -210,6 +212,8 @@ def main(argv) -> int:
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     lrs, seeds = parse_grid(FLAGS.lrs, FLAGS.seeds)
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(FLAGS.workdir, "--workdir")  # before sweep.log: its cells are its own runs, it is in none
     setup_sweep_log(FLAGS.workdir)
     log.info("%d learning rates x %d seeds in %s", len(lrs), len(seeds), FLAGS.workdir)
     summary = run_sweep(FLAGS.config, FLAGS.workdir, lrs, seeds)

@@ -151,21 +151,22 @@ def write_directory(path: str, weights: dict[str, np.ndarray], config: dict, *, 
         local = os.path.join(storage.scratch_dir(), "export", hashlib.sha256(path.encode()).hexdigest()[:16])
         shutil.rmtree(local, ignore_errors=True)
         write_directory(local, weights, config, tokenizer=tokenizer)
-        storage.upload(local, path)
+        storage.upload(local, storage.under(path))
         return
-    os.makedirs(path, exist_ok=True)
+    # Its own files and the tokenizer's are written by safetensors and transformers into a
+    # directory whose entries are checked: none of them a link.
+    storage.output_dir(storage.under(path), entries=True)
     written = [os.path.join(path, SAFE_WEIGHTS), os.path.join(path, CONFIG_NAME)]
-    save_file(weights, written[0], metadata={"format": "pt"})
-    with open(written[1], "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    save_file(weights, storage.output_file(storage.under(path, SAFE_WEIGHTS)), metadata={"format": "pt"})
+    storage.write_text(storage.under(path, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True))
     if tokenizer is not None:
         before = set(os.listdir(path))
         tokenizer.save_pretrained(path)
         vocab = tokenizer.get_vocab()
         if "Bert" in type(tokenizer).__name__ and not os.path.isfile(os.path.join(path, "vocab.txt")):
             # IndoBERT checkpoints ship a WordPiece vocab.txt; transformers v5 writes tokenizer.json only.
-            with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
-                f.write("\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
+            storage.write_text(storage.under(path, "vocab.txt"),
+                               "\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
         written += [os.path.join(path, name) for name in sorted(set(os.listdir(path)) - before)]
         written += [os.path.join(path, name) for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                                                            "special_tokens_map.json")]

@@ -248,7 +248,8 @@ def _shard_job(args):
     dtype = np.dtype(dtype_name)
     files = _shard_files(output_dir, index)
     # Uncompressed: token ids do not compress, and the default codec triples the read time.
-    writers = {split: ArrayRecordWriter(files[split] + ".tmp", "group_size:1,uncompressed")
+    writers = {split: ArrayRecordWriter(storage.output_file(storage.under(output_dir, os.path.basename(files[split])
+                                                                          + ".tmp")), "group_size:1,uncompressed")
                for split in ("train", "heldout")}
     # One generator per (split, pass over the corpus), continued across windows: deterministic.
     rngs = {(split, dupe): random.Random(seed * 1_000_003 + index * 1009 + dupe)
@@ -294,14 +295,15 @@ def _shard_job(args):
     sizes = {}
     for split in writers:
         _fsync(files[split] + ".tmp")  # on disk before the marker that vouches for it
-        os.replace(files[split] + ".tmp", files[split])
+        storage.move(files[split] + ".tmp", storage.under(output_dir, os.path.basename(files[split])))
         sizes[split] = os.path.getsize(files[split])
     # Written last: a shard without its marker is rebuilt on restart, never read as complete.
-    with open(files["done"] + ".tmp", "w", encoding="utf-8") as f:
+    marker = os.path.basename(files["done"])
+    with storage.open_output(storage.under(output_dir, marker + ".tmp")) as f:
         json.dump({"fingerprint": fingerprint, "counts": counts, "words": words, "bytes": sizes}, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(files["done"] + ".tmp", files["done"])
+    storage.move(files["done"] + ".tmp", storage.under(output_dir, marker))
     _fsync(output_dir)
     return index, counts, words
 
@@ -430,7 +432,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
         storage.remove(os.path.join(output_dir, META))  # a rebuild in progress never looks complete
     for f in _stale_files(output_dir, done) if remote_out else stale:
         storage.remove(f)
-    os.makedirs(local_out, exist_ok=True)
+    storage.makedirs(storage.under(local_out))
     jobs = [(i, local_files[i], local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task, dupe_factor,
              seed, heldout_permille, dtype, fingerprints[i], window_chars) for i in todo]
     from tqdm import tqdm
@@ -441,7 +443,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
                 if remote_out:  # each shard as it finishes, its marker last; the local copy freed
                     local, remote = _shard_files(local_out, index), _shard_files(output_dir, index)
                     for kind in ("train", "heldout", "done"):
-                        storage.copy(local[kind], remote[kind])
+                        storage.copy(local[kind], storage.under(output_dir, os.path.basename(remote[kind])))
                         os.remove(local[kind])
     counts = {"train": 0, "heldout": 0}
     words = 0
@@ -455,7 +457,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
             "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files],
             "reused_shards": len(done)}
     # examples.json last: it marks a complete directory.
-    storage.write_text(os.path.join(output_dir, META), json.dumps(meta, indent=2))
+    storage.write_text(storage.under(output_dir, META), json.dumps(meta, indent=2))
     return meta
 
 

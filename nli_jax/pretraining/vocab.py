@@ -32,6 +32,7 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     As BERT's and SentencePiece's tools do, a corpus of more than `sample_sentences` lines is
     trained on a sample of that many (each line kept with the same probability, seeded), so
     time and memory stay those of the sample however large the corpus; 0 = every line."""
+    from nli_jax import storage
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
@@ -41,9 +42,9 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     if vocab_size <= fixed:
         raise RunError(f"--vocab_size={vocab_size}: not more than the {fixed} special tokens and placeholders "
                        f"({', '.join(SPECIAL_TOKENS + PLACEHOLDERS)}); a vocabulary needs room for words")
-    os.makedirs(output_dir, exist_ok=True)
+    storage.makedirs(storage.under(output_dir))
     with tempfile.TemporaryDirectory(dir=output_dir) as tmp:
-        inputs = sample_lines(files, sample_sentences, os.path.join(tmp, "sample.txt"), seed=seed)
+        inputs = sample_lines(files, sample_sentences, storage.under(tmp, "sample.txt"), seed=seed)
         if algorithm == "wordpiece":
             vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
         else:
@@ -52,14 +53,13 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
         raise RunError(f"--vocab_size={vocab_size}: the corpus needs at least {len(vocab)} entries ({fixed} special "
                        f"tokens and placeholders and its alphabet, each character as a word start and a "
                        f"continuation): ask for {len(vocab)} or more (nothing was written)")
-    with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(vocab) + "\n")
-    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": 512,
-                   "strip_accents": None, "tokenize_chinese_chars": True}, f, indent=2)
-    with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-        json.dump({"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                   "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, f, indent=2)
+    storage.write_text(storage.under(output_dir, "vocab.txt"), "\n".join(vocab) + "\n")
+    storage.write_text(storage.under(output_dir, "tokenizer_config.json"), json.dumps(
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": 512,
+         "strip_accents": None, "tokenize_chinese_chars": True}, indent=2))
+    storage.write_text(storage.under(output_dir, "special_tokens_map.json"), json.dumps(
+        {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+         "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, indent=2))
     return output_dir
 
 
@@ -72,7 +72,7 @@ def _count_lines(path: str) -> int:
     return count
 
 
-def sample_lines(files: list[str], sample: int, output: str, *, seed: int = 12345) -> list[str]:
+def sample_lines(files: list[str], sample: int, output, *, seed: int = 12345) -> list[str]:
     """`files` themselves when they hold at most `sample` lines (or sample is 0), else `output`
     holding about `sample` of their non-blank lines, each kept with probability sample / lines
     (a seeded draw per line, in file order: one pass, constant memory)."""
@@ -83,13 +83,14 @@ def sample_lines(files: list[str], sample: int, output: str, *, seed: int = 1234
         return list(files)
     import random
     rng, keep = random.Random(seed), sample / total
-    with open(output, "w", encoding="utf-8") as out:
+    from nli_jax import storage
+    with storage.open_output(output) as out:  # an OutputPath
         for path in files:
             with open(path, encoding="utf-8", errors="replace") as f:
                 for line in f:
                     if rng.random() < keep and line.strip():
                         out.write(line.rstrip("\n") + "\n")
-    return [output]
+    return [str(output)]
 
 
 def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):

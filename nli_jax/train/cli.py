@@ -238,14 +238,21 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
     return config
 
 
-def parse_files(assignments) -> dict[str, str]:
-    """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}."""
+def parse_files(assignments, flag: str = "--file") -> dict[str, str]:
+    """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}. A name is a
+    split name, which becomes part of file names (reliability_<name>.png): one path component."""
     import os
+
+    from nli_jax import storage
     out = {}
     for item in assignments:
         name, sep, path = item.partition("=")
         if not sep:
             name, path = os.path.splitext(os.path.basename(item))[0], item
+        try:
+            storage.component(name, "split name")
+        except storage.UnsafePathError as e:
+            raise CommandLineError(f"{flag}={item}: {e}") from None
         if name in out:
             raise CommandLineError(f"input name {name!r} given twice")
         out[name] = path

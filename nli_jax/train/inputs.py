@@ -124,4 +124,4 @@ def write_inputs(workdir: str, current: dict) -> None:
     import jax
     if jax.process_index() != 0:
         return
-    storage.write_text(os.path.join(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))
+    storage.write_text(storage.under(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))

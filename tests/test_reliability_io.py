@@ -1,0 +1,298 @@
+"""Reliability, third round (issue 42, item 1; docs/errors.md §12): one way to write (every file
+through nli_jax.storage's writer: never through a link inside its directory, never outside it;
+one output-path check for every tool). Each case runs the real command or the real function."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, config_for
+
+CPU_TEST = "configs/indonli_large.py:cpu_test"
+FIXTURES = REPO / "nli_jax" / "data" / "fixtures"
+VAL = FIXTURES / "nli_tiny" / "val.jsonl"
+
+
+def env_cpu(**extra):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    env.pop("XLA_FLAGS", None)
+    env.update(extra)
+    return env
+
+
+# Limits for one command, set by a small launcher that then execs it (no preexec_fn in a process
+# that runs JAX's threads). SIGXFSZ ignored: a write past the file-size limit fails with EFBIG.
+LIMITS = ("import os, resource, signal, sys; nofile, fsize = int(sys.argv[1]), int(sys.argv[2]); "
+          "nofile and resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)); "
+          "fsize and signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+          "fsize and resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize)); os.execv(sys.argv[3], sys.argv[3:])")
+
+
+def cli(module, *args, timeout=120, nofile=None, fsize=None, prefix=(), **env):
+    limits = [sys.executable, "-c", LIMITS, str(nofile or 0), str(fsize or 0)] if nofile or fsize else []
+    command = [*prefix, *limits, sys.executable, "-m", module, *[str(a) for a in args]]
+    return subprocess.run(command, cwd=REPO, env=env_cpu(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc, *fragments):
+    """Exit status 1 and one `error: ...` line naming every fragment, no traceback, no usage."""
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr and "USAGE" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error: " in line]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    return errors[0]
+
+
+def victim(tmp_path, name="victim.txt"):
+    """A file outside every workdir that a link points to: it must never change."""
+    path = tmp_path / "elsewhere" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("precious\n")
+    return path
+
+
+def fake_run(path, task_config="indonli_large:cpu_test"):
+    """A directory that holds a finished training run as a tool sees one (config.json, run.json,
+    results.json, predictions.jsonl, checkpoints/ and best/), without training one."""
+    from nli_jax.train.planner import build_plan
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(build_plan(config_for(task_config), training=False).config_json))
+    (path / "run.json").write_text(json.dumps({"state": "finished"}))
+    (path / "results.json").write_text(json.dumps({"task": "indonli", "splits": {}}))
+    (path / "predictions.jsonl").write_text(json.dumps({"split": "test", "idx": 0, "id": "0",
+                                                        "prediction": "neutral"}) + "\n")
+    (path / "checkpoints").mkdir()
+    (path / "best").mkdir()
+    return path
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+# --- 12. one way to write --------------------------------------------------------------------
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
+    """W/.lock a symlink to another file: it was truncated and rewritten with the holder's JSON (rc 0)."""
+    target = victim(tmp_path)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    os.symlink(target, workdir / ".lock")
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={workdir}")
+    one_line_error(proc, f"{workdir}/.lock is a symbolic link (to {target})", "does not write through links")
+    assert target.read_text() == "precious\n"
+    assert tree(workdir) == [".lock"]
+
+
+@pytest.mark.parametrize("name,kind", [("train.log", "file"), ("metrics.jsonl", "file"), ("best", "dir"),
+                                       ("checkpoints", "dir"), ("tensorboard", "dir")])
+def test_run_files_that_are_links_are_refused_before_compute(tmp_path, name, kind):
+    """train.log / metrics.jsonl symlinked elsewhere were appended to; best/ or checkpoints/ a link
+    out of the workdir had orbax write there. Refused when the command takes its workdir."""
+    from nli_jax import storage
+    from nli_jax.train.loop import train_and_evaluate
+    target = victim(tmp_path) if kind == "file" else tmp_path / "elsewhere_dir"
+    if kind == "dir":
+        target.mkdir()
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    os.symlink(target, workdir / name)
+    start = time.time()
+    with pytest.raises(storage.UnsafePathError, match=rf"{workdir}/{name} is a symbolic link \(to {target}\)"):
+        train_and_evaluate(config_for("indonli_large:cpu_test", f"data.tfds_dir={tmp_path / 'tfds'}"), str(workdir))
+    assert time.time() - start < 10, "refused before anything is computed"
+    if kind == "file":
+        assert target.read_text() == "precious\n"
+    else:
+        assert list(target.iterdir()) == []
+    assert not (workdir / "config.json").exists() and not (workdir / "run.json").exists()
+
+
+def test_a_split_name_with_a_path_is_one_line_and_writes_nothing(tmp_path):
+    """finetune.evaluate --file=../../x=F put the split name into reliability_<split>.png, written
+    outside the workdir (its parents created)."""
+    out = tmp_path / "a" / "b" / "eval"
+    proc = cli("finetune.evaluate", "--checkpoint=/no/such/run", f"--workdir={out}", f"--file=../../x={VAL}")
+    one_line_error(proc, f"--file=../../x={VAL}: split name '../../x' cannot be part of a file name",
+                   "one path component")
+    assert tree(tmp_path) == []
+
+
+def test_the_writer_takes_one_path_component_per_name(tmp_path):
+    from nli_jax import storage
+    from nli_jax.train import calibrate
+    for name in ("..", "../x", "a/b", "", ".", "x\0y"):
+        with pytest.raises(storage.UnsafePathError, match="one path component"):
+            storage.under(tmp_path, name)
+    with pytest.raises(TypeError, match=r"storage.under\(directory, name"):
+        storage.write_text(str(tmp_path / "plain.txt"), "x")  # a write names its directory
+    with pytest.raises(storage.UnsafePathError, match="split name '../../x' cannot be part of a file name"):
+        calibrate.report(_task_with_probabilities(), _evaluation("../../x"), None, str(tmp_path / "w"))
+    assert tree(tmp_path) == []
+    storage.write_text(storage.under(tmp_path, "sub", "ok.txt"), "fine")
+    assert (tmp_path / "sub" / "ok.txt").read_text() == "fine"
+
+
+def _task_with_probabilities():
+    import numpy as np
+
+    class Task:
+        name = "t"
+
+        def calibration_inputs(self, examples, predictions):
+            return np.array([[2.0, 0.0], [0.0, 2.0]]), np.array([0, 1])
+    return Task()
+
+
+def _evaluation(split):
+    import collections
+    return collections.namedtuple("E", "split examples predictions")(split, None, None)
+
+
+def test_the_writer_never_writes_through_a_link_below_its_directory(tmp_path):
+    from nli_jax import storage
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(outside, root / "sub")
+    for write in (lambda p: storage.write_text(p, "x"), lambda p: storage.open_output(p).close(),
+                  lambda p: storage.open_append(p).close(), storage.makedirs, storage.output_file):
+        with pytest.raises(storage.UnsafePathError, match=rf"{root}/sub is a symbolic link \(to {outside}\)"):
+            write(storage.under(root, "sub", "f.txt"))
+    os.symlink(outside / "target.txt", root / "file.txt")
+    with pytest.raises(storage.UnsafePathError, match="file.txt is a symbolic link"):
+        storage.write_bytes(storage.under(root, "file.txt"), b"x")
+    assert list(outside.iterdir()) == []
+    # The directory a write is given may itself be a link (a workdir on another disk).
+    os.symlink(outside, tmp_path / "linked_root")
+    storage.write_text(storage.under(tmp_path / "linked_root", "ok.txt"), "fine")
+    assert (outside / "ok.txt").read_text() == "fine"
+
+
+def test_an_export_into_a_directory_holding_a_link_is_refused(tmp_path):
+    from nli_jax import storage
+    from nli_jax.models import ForSequenceClassification, make_rngs, preset
+    target = victim(tmp_path, "weights.bin")
+    export = tmp_path / "export"
+    export.mkdir()
+    os.symlink(target, export / "model.safetensors")
+    model = ForSequenceClassification(preset("tiny-bert"), num_labels=3, rngs=make_rngs(0))
+    with pytest.raises(storage.UnsafePathError, match=r"export/model.safetensors is a symbolic link"):
+        model.save_pretrained(str(export))
+    assert target.read_text() == "precious\n"
+
+
+# Every raw write left in nli-jax's own code, with why it is not the storage layer's: each goes
+# into a directory or file the storage layer checked first, or into memory.
+ALLOWED_WRITERS = {
+    ("nli_jax/checkpoints/hf.py", "save_file(weights, storage.output_file("),  # safetensors: a checked file
+    ("nli_jax/checkpoints/hf.py", "tokenizer.save_pretrained(path)"),  # transformers: output_dir(entries=True)
+    ("nli_jax/train/reporting.py", "SummaryWriter(storage.output_dir("),  # TensorBoard: a checked directory
+    ("nli_jax/pretraining/examples.py", "ArrayRecordWriter(storage.output_file("),  # array_record: a checked file
+    ("nli_jax/pretraining/vocab.py", "tempfile.TemporaryDirectory(dir=output_dir)"),  # a fresh name of its own
+    ("nli_jax/pretraining/vocab.py", "tempfile.TemporaryDirectory()"),  # SentencePiece's model, in /tmp
+    ("nli_jax/metrics/calibration.py", "fig.savefig(buffer"),  # into memory, then storage.write_bytes
+    ("nli_jax/analysis/artifacts.py", "fig.savefig(png"),
+    ("nli_jax/analysis/cartography.py", "fig.savefig(buffer"),
+    ("nli_jax/train/dynamics.py", "np.savez(buffer"),
+    ("nli_jax/pretraining/examples.py", "os.open(path, os.O_RDONLY)"),  # read-only, to fsync what was written
+}
+WRITE_PATTERN = re.compile(
+    r"\bopen\([^)]*['\"][wax]b?\+?['\"]|os\.open\(|FileHandler\(|os\.makedirs\(|shutil\.(copy|move|copytree)|"
+    r"os\.(replace|rename)\(|(?<!storage)\.write_text\(|(?<!storage)\.write_bytes\(|savefig\(|np\.save|"
+    r"SummaryWriter\(|ArrayRecordWriter\(|"
+    r"save_file\(|tokenizer\.save_pretrained\(|mkstemp|mkdtemp|TemporaryDirectory|\.mkdir\(")
+
+
+def test_every_file_is_written_through_the_storage_writer():
+    """One way to write: no module of nli-jax (the library, finetune, pretrain, launch) opens a file
+    for writing, creates a directory or hands a path to another writer except through
+    nli_jax/storage.py's writer (storage.under(...) paths) or as listed in ALLOWED_WRITERS."""
+    found = []
+    for package in ("nli_jax", "finetune", "pretrain", "launch"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            if rel == "nli_jax/storage.py":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                code = line.split("#")[0]
+                if code.strip().startswith(('"', "'")) or not WRITE_PATTERN.search(code):
+                    continue
+                if not any(rel == file and fragment in code for file, fragment in ALLOWED_WRITERS):
+                    found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "writes outside nli_jax.storage's writer:\n" + "\n".join(found)
+
+
+# --- 12. one output-path check for every tool ------------------------------------------------
+
+def test_a_leaderboard_file_over_a_runs_predictions_is_one_line(tmp_path):
+    """nli_jax.leaderboard --output=<run>/predictions.jsonl replaced the run's predictions."""
+    run = fake_run(tmp_path / "run")
+    before = (run / "predictions.jsonl").read_bytes()
+    proc = cli("nli_jax.leaderboard", "--format=clue_ocnli", f"--run={run}", f"--output={run}/predictions.jsonl")
+    one_line_error(proc, f"--output={run}/predictions.jsonl")
+    assert (run / "predictions.jsonl").read_bytes() == before
+
+
+def test_predict_into_a_runs_best_is_one_line(tmp_path):
+    """finetune.predict --output=<run>/best wrote predictions.jsonl, train.log and .lock into best/."""
+    run = fake_run(tmp_path / "run")
+    proc = cli("finetune.predict", f"--checkpoint={run}", f"--output={run}/best", f"--input=test={VAL}")
+    one_line_error(proc, f"--output={run}/best would write into {run}/best, which the run {run} writes itself")
+    assert tree(run / "best") == []
+
+
+def test_every_tool_refuses_an_output_inside_another_run(tmp_path):
+    """The one check (nli_jax.workdir.check_tool_output) in each tool's own entry point, before it
+    reads or writes anything: evaluate, predict, export, leaderboard (both formats), the analyses,
+    the sweep and the IndoNLU benchmark."""
+    from finetune import indonlu_benchmark, sweep
+    from nli_jax import leaderboard
+    from nli_jax.analysis import artifacts, cartography
+    from nli_jax.errors import RunError
+    from nli_jax.train import tools
+    reads, other = fake_run(tmp_path / "reads"), fake_run(tmp_path / "other")
+    snapshot = tree(tmp_path)
+    config = config_for("indonli_large:cpu_test")
+    inside = str(other / "mine")
+    calls = {
+        "finetune.evaluate": lambda: tools.evaluate_checkpoint(config, inside, str(reads)),
+        "finetune.predict": lambda: tools.predict_files(config, inside, str(reads), {"x": str(VAL)}),
+        "finetune.export": lambda: tools.export_checkpoint(config, str(reads), inside),
+        "leaderboard indonlu": lambda: leaderboard.indonlu_submission({"smsa": str(reads)}, inside, tasks=["smsa"]),
+        "leaderboard clue_ocnli": lambda: leaderboard.ocnli_submission(str(reads), inside + "/x.json"),
+        "analysis artifacts": lambda: artifacts.analyse("indonli", str(FIXTURES / "nli_tiny"), inside),
+        "analysis cartography": lambda: cartography.cartography(str(reads), inside),
+        "finetune.sweep": lambda: sweep.run_sweep(config, inside, [1e-3], [1]),
+        "indonlu_benchmark": lambda: indonlu_benchmark.run_benchmark("scratch", inside, "", ["smsa"]),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RunError, match=rf"={re.escape(inside)}(/x.json)? is inside the training run {other}"):
+            call()
+    assert tree(tmp_path) == snapshot, "nothing read into or written"
+
+
+def test_a_tool_may_write_in_a_directory_of_its_own_inside_the_run_it_reads(tmp_path):
+    """README: `finetune.evaluate --checkpoint=R --workdir=R/eval`; cartography's R/cartography.
+    The run itself, its own names and another run stay refused."""
+    from nli_jax.errors import RunError
+    from nli_jax.workdir import check_tool_output
+    run = fake_run(tmp_path / "run")
+    for own in ("eval", "cartography", "submission/ocnli_50k_predict.json"):
+        check_tool_output(str(run / own), "--workdir", reads=[str(run)])
+    for name in ("results.json", "best", "checkpoints/4", "seed_1/x", "reliability_validation.png", "tensorboard"):
+        with pytest.raises(RunError, match="which the run .* writes itself"):
+            check_tool_output(str(run / name), "--output", reads=[str(run)])
+    with pytest.raises(RunError, match=r"is the --checkpoint it reads"):
+        check_tool_output(str(run), "--output", reads=[str(run)])
+    with pytest.raises(RunError, match=r"holds a training run"):
+        check_tool_output(str(run), "--output", reads=[str(tmp_path / "elsewhere")])
+
