@@ -10,7 +10,8 @@ metrics.jsonl, TensorBoard) a local file that is uploaded every few seconds whil
 
 One way to write: every file nli-jax writes goes through the writer below (`under(directory,
 name, ...)` and the functions that take it), which never writes outside the directory it was
-given nor through a symbolic link inside it.
+given nor through a symbolic link inside it. One gate for every read: `readable_file` refuses a
+FIFO, device or directory where a file is expected, by its stat, before anything opens it.
 
 Credentials: on Cloud TPU VMs and GCE the clients use Application Default Credentials. With
 STORAGE_EMULATOR_HOST set (tests: gcp-storage-emulator on 127.0.0.1) every client is pointed at
@@ -159,23 +160,23 @@ def glob(pattern: str) -> list[str]:
 
 
 def open(p, mode: str = "r", encoding: str | None = None):  # noqa: A001 - the storage layer's open
-    """A file opened for reading. Writing goes through `open_output` / `open_append`, which take
-    an OutputPath."""
+    """A file opened for reading, through the read gate (`readable_file`). Writing goes through
+    `open_output` / `open_append`, which take an OutputPath."""
     if any(c in mode for c in "wax+"):
         raise TypeError(f"storage.open({p!r}, {mode!r}): files are written through storage.open_output / "
                         "open_append / write_bytes with storage.under(directory, name, ...)")
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
-    q = path(p)
+    q = path(readable_file(p))
     return q.open(mode, encoding=encoding) if "b" not in mode else q.open(mode)
 
 
 def read_bytes(p) -> bytes:
-    return path(p).read_bytes()
+    return path(readable_file(p)).read_bytes()
 
 
 def read_text(p) -> str:
-    return path(p).read_text(encoding="utf-8")
+    return path(readable_file(p)).read_text(encoding="utf-8")
 
 
 def read_json_object(p) -> dict | None:
@@ -196,6 +197,50 @@ def _kind(mode: int) -> str:
     return ("a directory" if stat_lib.S_ISDIR(mode) else "a FIFO" if stat_lib.S_ISFIFO(mode) else
             "a device" if stat_lib.S_ISCHR(mode) or stat_lib.S_ISBLK(mode) else
             "a socket" if stat_lib.S_ISSOCK(mode) else "not a regular file")
+
+
+# --- the read gate: every file nli-jax reads is a regular, readable file ---------------------
+# A FIFO never ends a read (or an open), a device such as /dev/zero never stops giving bytes, a
+# directory is not the file that was meant: each is refused by its stat, before anything opens,
+# hashes or reads it. storage's own readers pass through here; what a library reads itself
+# (safetensors, torch, transformers' tokenizers, ml_collections' config files, the corpus
+# workers) is passed through `readable_file` / `readable_files` first.
+
+class NotAFileError(StorageError):
+    """A path where a file is expected that is not a regular, readable file; names it."""
+
+
+def readable_file(p, what: str = "file") -> str:
+    """`p` itself when it is a regular file this process can read, else a NotAFileError (a
+    directory, FIFO, device or socket, also behind a link) or FileNotFoundError naming it; the
+    size of a regular file is known from the same stat. Never opens the path."""
+    p = check(os.fspath(p))
+    if is_remote(p):
+        if not isfile(p):
+            raise FileNotFoundError(f"{what} {p} not found")
+        return p
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {p} not found") from None
+    except OSError as e:  # ELOOP, ENOTDIR, EACCES on a parent
+        raise NotAFileError(f"{what} {p} cannot be read ({os.strerror(e.errno)})") from None
+    if not stat_lib.S_ISREG(mode):
+        target = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
+        raise NotAFileError(f"{p}{target} is {_kind(mode)}, not a regular file: not read")
+    if not os.access(p, os.R_OK):
+        raise NotAFileError(f"{what} {p} is not readable by this user (permissions {stat_lib.filemode(mode)})")
+    return p
+
+
+def readable_files(patterns, what: str = "file") -> list[str]:
+    """The files that `patterns` (files or globs, local or gs://) name, sorted, each through
+    `readable_file`; a pattern that matches nothing is kept, so that the caller names it."""
+    files = sorted({f for pattern in patterns if pattern for f in (glob(pattern) or [check(pattern)])})
+    for f in files:
+        if exists(f) or os.path.islink(f):
+            readable_file(f, what)
+    return files
 
 
 # --- the writer: every file nli-jax writes ----------------------------------------------------
@@ -423,7 +468,7 @@ def copy(src, dst) -> None:
     target = check_output(dst)
     if not is_remote(target):
         os.makedirs(os.path.dirname(target), exist_ok=True)
-    path(src).copy(path(target), overwrite=True)
+    path(readable_file(src)).copy(path(target), overwrite=True)
 
 
 def copytree(src, dst) -> None:
@@ -558,12 +603,13 @@ def upload(local: str, remote) -> None:
         copy(local, remote)
 
 
-def local_inputs(patterns) -> list[str]:
-    """Local paths of the files that `patterns` (files or globs, local or gs://) name, sorted: for
-    tools that read with plain open() in worker processes (corpus preparation, vocabulary
-    training). Remote files are downloaded once into this process's scratch directory; a
-    pattern that matches nothing is kept, so that the tool names it in its error."""
-    files = sorted({f for pattern in patterns for f in (glob(pattern) or [check(pattern)])})
+def local_inputs(patterns, what: str = "input file") -> list[str]:
+    """Local paths of the files that `patterns` (files or globs, local or gs://) name, sorted,
+    each through the read gate: for tools that read with plain open() in worker processes
+    (corpus preparation, vocabulary training). Remote files are downloaded once into this
+    process's scratch directory; a pattern that matches nothing is kept, so that the tool names
+    it in its error."""
+    files = readable_files(patterns, what)
     return [local_copy(f) if is_remote(f) and exists(f) else f for f in files]
 
 

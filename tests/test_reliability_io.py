@@ -1,12 +1,15 @@
-"""Reliability, third round (issue 42, item 1; docs/errors.md §12): one way to write (every file
-through nli_jax.storage's writer: never through a link inside its directory, never outside it;
-one output-path check for every tool). Each case runs the real command or the real function."""
+"""Reliability, third round (issue 42, items 1 and 3; docs/errors.md §12-§13): one way to write
+(every file through nli_jax.storage's writer: never through a link inside its directory, never
+outside it; one output-path check for every tool) and one gate for every read (a FIFO, device or
+directory where a file is expected is one line, at once). Each case runs the real command or the
+real function."""
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -295,4 +298,130 @@ def test_a_tool_may_write_in_a_directory_of_its_own_inside_the_run_it_reads(tmp_
         check_tool_output(str(run), "--output", reads=[str(run)])
     with pytest.raises(RunError, match=r"holds a training run"):
         check_tool_output(str(run), "--output", reads=[str(tmp_path / "elsewhere")])
+
+
+# --- 13. one gate for every read ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    """A tiny Hugging Face directory (config.json, model.safetensors, the fixture tokenizer)."""
+    from nli_jax import load_tokenizer
+    from nli_jax.data import fixture_path
+    from nli_jax.models import ForSequenceClassification, make_rngs, preset
+    path = tmp_path_factory.mktemp("hf") / "model"
+    ForSequenceClassification(preset("tiny-bert"), num_labels=3, rngs=make_rngs(0)).save_pretrained(
+        str(path), tokenizer=load_tokenizer(fixture_path("tiny_wordpiece")))
+    return path
+
+
+def _not_a_file(path, kind):
+    path.unlink()
+    if kind == "device":
+        os.symlink("/dev/zero", path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+EXPECTED = {"device": "(a link to /dev/zero) is a device, not a regular file: not read",
+            "fifo": "is a FIFO, not a regular file: not read", "directory": "is a directory, not a regular file"}
+
+
+def within_a_second(function):
+    """`function`'s exception, which must come within a second (a FIFO's open would block forever:
+    it runs in a daemon thread)."""
+    outcome = {}
+
+    def target():
+        try:
+            function()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+    start = time.time()
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "blocked: the path was opened before it was checked"
+    assert time.time() - start < 1.0, time.time() - start
+    return outcome.get("error")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_model_weights_that_are_not_a_file_are_one_line_at_once(hf_model, tmp_path, kind):
+    """model.safetensors -> /dev/zero or a FIFO hung the run: inputs.json's fingerprint opened it first."""
+    model = tmp_path / "model"
+    shutil.copytree(hf_model, model)
+    _not_a_file(model / "model.safetensors", kind)
+    start = time.time()
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={tmp_path / 'run'}",
+               f"--config.model.init={model}", f"--config.data.tfds_dir={tmp_path / 'tfds'}", timeout=60)
+    one_line_error(proc, f"{model}/model.safetensors", EXPECTED[kind])
+    assert time.time() - start < 45
+    if kind != "device":  # the functions that read a model directory, each through the gate
+        from nli_jax.checkpoints.hf import read_weights
+        from nli_jax.train import inputs
+        functions = [lambda: read_weights(str(model))]
+        if kind == "fifo":  # (the fingerprint lists files: a directory is not one of them)
+            functions.append(lambda: inputs.fingerprint(model_dir=str(model)))
+        for function in functions:
+            assert EXPECTED[kind] in str(within_a_second(function))
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "tokenizer.json", "tokenizer_config.json"])
+def test_a_tokenizer_file_that_is_a_fifo_is_refused_at_once(hf_model, tmp_path, name):
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.train import inputs
+    model = tmp_path / "model"
+    shutil.copytree(hf_model, model)
+    _not_a_file(model / name, "fifo")
+    for function in (lambda: load_tokenizer(str(model)), lambda: inputs.tokenizer_files(str(model))):
+        error = within_a_second(function)
+        assert f"{model}/{name} is a FIFO, not a regular file" in str(error), error
+
+
+def test_a_corpus_glob_matching_a_fifo_is_one_line(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(FIXTURES / "corpus_tiny" / "corpus.txt", corpus / "a.txt")
+    os.mkfifo(corpus / "b.txt")
+    for module, flags in (("pretrain.build_vocab", ["--vocab_size=200"]), ("pretrain.prepare_corpus", []),
+                          ("pretrain.create_examples", [f"--vocab_dir={FIXTURES / 'tiny_wordpiece'}"])):
+        flag = "--inputs" if module == "pretrain.prepare_corpus" else "--corpus"
+        proc = cli(module, f"{flag}={corpus}/*.txt", f"--output_dir={tmp_path / 'out'}", *flags, timeout=60)
+        one_line_error(proc, f"{corpus}/b.txt is a FIFO, not a regular file")
+        assert not (tmp_path / "out").exists()
+    from nli_jax.tasks.pretraining import _corpus_files  # pretrain.main's corpus (fingerprinted first)
+    assert "is a FIFO" in str(within_a_second(lambda: _corpus_files([f"{corpus}/*.txt"])))
+
+
+def test_a_train_subset_that_is_a_fifo_is_refused_at_once(tmp_path):
+    from nli_jax.train import inputs
+    subset = tmp_path / "subset.jsonl"
+    os.mkfifo(subset)
+    error = within_a_second(lambda: inputs.fingerprint(files=[str(subset)]))
+    assert f"{subset} is a FIFO, not a regular file" in str(error)
+    from nli_jax.train.setup import read_subset
+    assert "is a FIFO" in str(within_a_second(lambda: read_subset(str(subset), "indonli")))
+
+
+def test_a_config_file_that_is_a_fifo_is_one_line(tmp_path):
+    """ml_collections imports the config file: a FIFO blocked the import forever."""
+    config = tmp_path / "config.py"
+    os.mkfifo(config)
+    proc = cli("finetune.main", f"--config={config}:cpu_test", f"--workdir={tmp_path / 'run'}", timeout=60)
+    one_line_error(proc, f"--config={config}:cpu_test: {config} is a FIFO, not a regular file")
+
+
+@pytest.mark.parametrize("index,entry", [("model.safetensors.index.json", "../outside.safetensors"),
+                                         ("model.safetensors.index.json", "/etc/hostname"),
+                                         ("pytorch_model.bin.index.json", "sub/pytorch_model-1.bin")])
+def test_a_shard_index_names_only_files_of_its_directory(hf_model, tmp_path, index, entry):
+    from nli_jax.checkpoints.hf import CheckpointError, read_weights
+    model = tmp_path / "model"
+    shutil.copytree(hf_model, model)
+    (model / "model.safetensors").unlink()
+    (model / index).write_text(json.dumps({"weight_map": {"bert.pooler.dense.bias": entry}}))
+    with pytest.raises(CheckpointError, match=rf"{index}: its weight_map names '{re.escape(entry)}', not a file of"):
+        read_weights(str(model))
 

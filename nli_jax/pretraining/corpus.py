@@ -153,9 +153,11 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
                    min_sentence_chars: int = 1, min_sentences: int = 1, progress: bool = True) -> dict:
     """Writes <output_dir>/corpus-SSSSS-of-NNNNN.txt; returns counts."""
     from nli_jax import storage
-    missing = [p for p in inputs if not os.path.isfile(p)]
+    missing = [p for p in inputs if not os.path.lexists(p)]
     if missing:
         raise FileNotFoundError(f"input files not found: {missing}")
+    for p in inputs:  # the workers read them: each a regular file, before any is opened
+        storage.readable_file(p, "input file")
     storage.makedirs(storage.under(output_dir))
     tmp_dir = os.path.join(output_dir, ".buckets")
     shutil.rmtree(tmp_dir, ignore_errors=True)  # parts of an interrupted run would be mixed in

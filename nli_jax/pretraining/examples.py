@@ -391,22 +391,22 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     if sentence_task not in ("nsp", "sop", "none"):
         raise ValueError(f"sentence_task must be nsp, sop or none, got {sentence_task!r}")
     corpus_files = sorted(corpus_files)
-    missing = [f for f in corpus_files if not storage.isfile(f)]
+    missing = [f for f in corpus_files if not storage.exists(f) and not os.path.islink(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
-    if not storage.isfile(os.path.join(vocab_dir, "vocab.txt")):
+    for f in corpus_files:  # the workers read them: each a regular file, before any is opened
+        storage.readable_file(f, "corpus file")
+    if not storage.exists(os.path.join(vocab_dir, "vocab.txt")):
         raise FileNotFoundError(f"{storage.origin(vocab_dir)}/vocab.txt not found")
     # The tokenizer and array_record's writer take local files: gs:// inputs are downloaded to
     # this process's scratch, and a gs:// output_dir is built there and uploaded.
     local_vocab = storage.local_copy(vocab_dir)
-    with open(os.path.join(local_vocab, "vocab.txt"), "rb") as f:
-        vocab_bytes = f.read()
+    vocab_bytes = storage.read_bytes(os.path.join(local_vocab, "vocab.txt"))
     vocab_size = vocab_bytes.count(b"\n") + (0 if vocab_bytes.endswith(b"\n") or not vocab_bytes else 1)
     tokenizer_hash = hashlib.sha256(vocab_bytes)
     config_path = os.path.join(local_vocab, "tokenizer_config.json")  # do_lower_case
-    if os.path.isfile(config_path):
-        with open(config_path, "rb") as f:
-            tokenizer_hash.update(f.read())
+    if os.path.lexists(config_path):
+        tokenizer_hash.update(storage.read_bytes(config_path))
     dtype = "uint16" if vocab_size < 65535 else "int32"
     remote_out = storage.is_remote(output_dir)
     local_out = (os.path.join(storage.scratch_dir(), "examples", hashlib.sha256(output_dir.encode()).hexdigest()[:16])

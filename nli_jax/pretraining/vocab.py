@@ -33,9 +33,11 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     trained on a sample of that many (each line kept with the same probability, seeded), so
     time and memory stay those of the sample however large the corpus; 0 = every line."""
     from nli_jax import storage
-    missing = [f for f in files if not os.path.isfile(f)]
+    missing = [f for f in files if not os.path.lexists(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
+    for f in files:  # the trainers read them themselves: each a regular file first
+        storage.readable_file(f, "corpus file")
     if algorithm not in ("wordpiece", "sentencepiece-bpe"):
         raise ValueError(f"unknown vocabulary algorithm {algorithm!r}; expected wordpiece or sentencepiece-bpe")
     fixed = len(SPECIAL_TOKENS) + len(PLACEHOLDERS)
@@ -137,11 +139,11 @@ def load_fast_tokenizer(vocab_dir: str, lowercase: bool | None = None):
     same vocab.txt (batch encoding in Rust threads)."""
     from tokenizers import BertWordPieceTokenizer
     if lowercase is None:
+        from nli_jax import storage
         config = os.path.join(vocab_dir, "tokenizer_config.json")
         lowercase = True
-        if os.path.isfile(config):
-            with open(config, encoding="utf-8") as f:
-                lowercase = bool(json.load(f).get("do_lower_case", True))
+        if os.path.lexists(config):
+            lowercase = bool(json.loads(storage.read_text(config)).get("do_lower_case", True))
     tokenizer = BertWordPieceTokenizer(os.path.join(vocab_dir, "vocab.txt"), lowercase=lowercase,
                                        strip_accents=None if lowercase else False)
     for placeholder in PLACEHOLDERS:

@@ -107,15 +107,37 @@ def run_tool(main) -> None:
 
 
 def parse_flags(argv):
-    """absl's flag parsing; a config override naming no field is reported as one line."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        problem = _config_key_problem(argv) or f"flag parsing: {' '.join(str(e).split())}"
-    except Exception as e:  # ml_collections raises AttributeError/KeyError for unknown fields
-        problem = _config_key_problem(argv) or f"flag parsing: {type(e).__name__}: {' '.join(str(e).split())}"
+    """absl's flag parsing; a config override naming no field and a config file that is not a
+    regular file (a FIFO would block its import) are reported as one line."""
+    problem = _config_file_problem(argv)
+    if problem is None:
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            problem = _config_key_problem(argv) or f"flag parsing: {' '.join(str(e).split())}"
+        except Exception as e:  # ml_collections raises AttributeError/KeyError for unknown fields
+            problem = _config_key_problem(argv) or f"flag parsing: {type(e).__name__}: {' '.join(str(e).split())}"
     sys.stderr.write(f"error: {problem}\n")
     sys.exit(1)
+
+
+def _config_values(argv):
+    """(flag name, value) of every --<config flag>=FILE[:variant] of the command line."""
+    for arg in argv[1:]:
+        match = re.match(r"^--?(\w+)=(.*)$", arg)
+        if match and match.group(1) in FLAGS and _is_config_flag(FLAGS[match.group(1)]):
+            yield match.group(1), match.group(2)
+
+
+def _config_file_problem(argv) -> str | None:
+    """The read gate for config files, before ml_collections imports them."""
+    from nli_jax import storage
+    for name, value in _config_values(argv):
+        try:
+            storage.readable_file(value.split(":", 1)[0], "config file")
+        except (storage.StorageError, FileNotFoundError) as e:
+            return f"--{name}={value}: {e}"
+    return None
 
 
 def _is_config_flag(flag) -> bool:

@@ -31,7 +31,8 @@ class InputsChangedError(RunError):
 
 
 def file_digest(path: str) -> str:
-    size = storage.path(path).stat().length
+    """The digest of a regular file (the read gate first: a FIFO or /dev/zero would never end)."""
+    size = storage.path(storage.readable_file(path, "input file")).stat().length
     h = hashlib.sha256()
     with storage.open(path, "rb") as f:
         if size <= WHOLE_FILE_LIMIT:
