@@ -437,6 +437,20 @@ class LogFile(logging.FileHandler):
         return os.fdopen(_nofollow_open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a",
                          encoding="utf-8")
 
+    def handleError(self, record):  # noqa: N802 - logging's name
+        """A log line the file system refuses (full disk, read-only) is one warning line, once,
+        instead of logging's traceback per line; the command's own error says the rest."""
+        import sys
+
+        from nli_jax.errors import environment_problem
+        error = sys.exc_info()[1]
+        problem = environment_problem(error) if error is not None else None
+        if problem is None:
+            return super().handleError(record)
+        if not getattr(self, "_warned", False):
+            self._warned = True
+            sys.stderr.write(f"warning: {self.baseFilename} stopped taking log lines: {problem}\n")
+
 
 def remove(p) -> None:
     path(p).unlink()

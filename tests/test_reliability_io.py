@@ -1,8 +1,10 @@
-"""Reliability, third round (issue 42, items 1 and 3; docs/errors.md §12-§13): one way to write
+"""Reliability, third round (issue 42, items 1, 3 and 5; docs/errors.md §12-§14): one way to write
 (every file through nli_jax.storage's writer: never through a link inside its directory, never
-outside it; one output-path check for every tool) and one gate for every read (a FIFO, device or
-directory where a file is expected is one line, at once). Each case runs the real command or the
-real function."""
+outside it; one output-path check for every tool), one gate for every read (a FIFO, device or
+directory where a file is expected is one line, at once), and one line, always, for what the
+machine refuses (a read-only file system, a full disk, too many open files) and the last
+tracebacks. Each case runs the real command or the real function."""
+import errno
 import json
 import os
 import re
@@ -425,3 +427,188 @@ def test_a_shard_index_names_only_files_of_its_directory(hf_model, tmp_path, ind
     with pytest.raises(CheckpointError, match=rf"{index}: its weight_map names '{re.escape(entry)}', not a file of"):
         read_weights(str(model))
 
+
+# --- 14. one line, always --------------------------------------------------------------------
+
+def _namespace(*setup):
+    """`unshare -m` (a private mount namespace: a read-only bind or a small tmpfs, seen by the
+    command alone) with the mount commands `setup`, or a skip where this machine does not allow it."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m needs CAP_SYS_ADMIN): "
+                    "a read-only or full file system cannot be made for one command")
+    script = " && ".join([*setup, 'exec "$@"'])
+    return ["unshare", "-m", "sh", "-c", script, "sh"]
+
+
+def _read_only(directory):
+    return _namespace(f"mount --bind {directory} {directory}", f"mount -o remount,ro,bind {directory}")
+
+
+def test_a_new_run_on_a_read_only_file_system_is_one_line(tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={parent}/run", prefix=_read_only(parent))
+    one_line_error(proc, f"cannot write {parent}/run: read-only file system")
+
+
+def test_a_rerun_on_a_read_only_file_system_is_one_line(tmp_path):
+    run = fake_run(tmp_path / "run")
+    before = tree(run)
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={run}", prefix=_read_only(run))
+    one_line_error(proc, f"cannot write {run}/.lock: read-only file system")
+    assert tree(run) == before
+
+
+@pytest.mark.slow  # a cpu_test run to its first checkpoint: about a minute on 2 busy cores
+def test_a_full_disk_is_one_line_without_orbax_tracebacks(tmp_path):
+    """A 900 KiB file system fills at the first checkpoint: the right line came after 100-400 lines of
+    orbax's tracebacks (its background writers log them)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={small}/run", "--config.train.max_steps=20",
+               f"--config.data.tfds_dir={tmp_path / 'tfds'}", timeout=300,
+               prefix=_namespace(f"mount -t tmpfs -o size=900k tmpfs {small}"))
+    one_line_error(proc, f"no space left on the device of {small}/run", "while writing the checkpoint of step")
+    assert len(proc.stderr.splitlines()) < 20, proc.stderr[-3000:]
+    assert "RESOURCE_EXHAUSTED" not in proc.stderr
+
+
+@pytest.mark.slow  # the same, compiled without the cache (its entries pass the limit too)
+def test_a_file_size_limit_is_one_line(tmp_path):
+    """The same without a file system to fill: writes past `ulimit -f` fail with EFBIG."""
+    proc = cli("finetune.main", f"--config={CPU_TEST}", f"--workdir={tmp_path / 'run'}", "--config.train.max_steps=20",
+               f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--compilation_cache=", timeout=300, fsize=300_000,
+               JAX_COMPILATION_CACHE_DIR="")
+    one_line_error(proc, f"{tmp_path / 'run'}", "file too large")
+    assert len(proc.stderr.splitlines()) < 20, proc.stderr[-3000:]
+
+
+def test_environment_errors_are_one_line_naming_the_file(capsys):
+    from nli_jax.train.cli import _reporting_input_errors
+    cases = {errno.EROFS: "cannot write /w/x: read-only file system", errno.ENOSPC: "cannot write /w/x: no space left",
+             errno.EMFILE: "cannot open /w/x: too many open files (this process may open",
+             errno.EACCES: "/w/x: permission denied"}
+    for number, message in cases.items():
+        def main(argv, number=number):
+            raise OSError(number, os.strerror(number), "/w/x")
+        with pytest.raises(SystemExit) as exit_:
+            _reporting_input_errors(main)([])
+        assert exit_.value.code == 1
+        assert capsys.readouterr().err.strip().startswith(f"error: {message}")
+
+    def bug(argv):
+        raise OSError(errno.EINVAL, "a bug keeps its traceback")
+    with pytest.raises(OSError):
+        _reporting_input_errors(bug)([])
+
+
+def test_what_libraries_print_about_a_full_disk_is_dropped(capsys):
+    """orbax logs each background writer's ENOSPC with its traceback (absl, 100-400 lines), and
+    tensorstore's completions of the abandoned writes raise on orbax's closed event loop (through
+    sys.unraisablehook): both are dropped, other records and errors are kept."""
+    import logging
+
+    from nli_jax.errors import EnvironmentLogFilter
+    from nli_jax.train.cli import _quiet_closed_loops
+    keep = logging.LogRecord("absl", logging.ERROR, "future.py", 387, "a real problem", None, None)
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing \"opt_state\": Failed to write 547570 bytes to file 24: "
+                         "No space left on device [os_error_code='28']")
+    except ValueError:
+        orbax = logging.LogRecord("absl", logging.ERROR, "future.py", 387, "_SignalingThread.run() raised an exception: "
+                                  "RESOURCE_EXHAUSTED", None, sys.exc_info())
+    assert EnvironmentLogFilter().filter(keep) and not EnvironmentLogFilter().filter(orbax)
+    seen = []
+    hook = _quiet_closed_loops(seen.append)
+    for value in (RuntimeError("Event loop is closed"), RuntimeError("something else")):
+        hook(type("Unraisable", (), {"exc_value": value})())
+    assert [str(u.exc_value) for u in seen] == ["something else"]
+
+
+def test_a_log_file_on_a_full_disk_is_one_warning_not_a_traceback_per_line(tmp_path, capsys):
+    import logging
+
+    from nli_jax import storage
+    handler = storage.LogFile(storage.under(tmp_path, "train.log"))
+    logger = logging.getLogger("nli_jax.test_full_log")
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    handler.stream.write = full
+    try:
+        for i in range(3):
+            logger.error("line %d", i)
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.count("warning: ") == 1 and "Traceback" not in err and "--- Logging error ---" not in err, err
+    assert f"{tmp_path}/train.log stopped taking log lines: no space left on the device (free some space" in err
+
+
+def test_a_sweep_over_a_cut_cell_results_json_is_one_line(tmp_path):
+    """A rerun over a cell whose results.json was cut: a JSONDecodeError traceback (after the cells
+    before it had trained)."""
+    from finetune.sweep import lr_name, with_lr_and_seed
+    from nli_jax.train.planner import config_dict
+    cells = tmp_path / "sweep" / f"lr_{lr_name(1e-3)}"
+    cell = cells / "seed_2"
+    cell.mkdir(parents=True)
+    (cell / "config.json").write_text(json.dumps(config_dict(with_lr_and_seed(config_for("indonli_large:cpu_test"),
+                                                                              1e-3, 2))))
+    (cell / "results.json").write_text('{"splits": {"validation": {"accu')
+    proc = cli("finetune.sweep", f"--config={CPU_TEST}", "--lrs=1e-3", "--seeds=1,2", f"--workdir={tmp_path / 'sweep'}",
+               f"--config.data.tfds_dir={tmp_path / 'tfds'}", timeout=300)
+    one_line_error(proc, f"{cell}/results.json is unreadable (JSONDecodeError", "move it away and rerun the sweep")
+    assert not (cells / "seed_1").exists(), "refused before the first cell ran"
+
+
+def test_build_vocab_on_a_binary_file_is_one_line(tmp_path):
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"kata\n" + bytes(range(255, -1, -1)) * 64)  # "stream did not contain valid UTF-8"
+    proc = cli("pretrain.build_vocab", f"--corpus={binary}", f"--output_dir={tmp_path / 'vocab'}", "--vocab_size=100")
+    one_line_error(proc, f"{binary}:2: not UTF-8", "not a text corpus")
+    assert not (tmp_path / "vocab" / "vocab.txt").exists()
+
+
+@pytest.mark.parametrize("task,length", [("nsp", 3), ("sop", 4), ("none", 3)])
+def test_create_examples_too_short_is_one_line(tmp_path, task, length):
+    """--max_seq_length=3: `ValueError: empty range for randrange() (2, 1, -1)` from a worker."""
+    proc = cli("pretrain.create_examples", f"--corpus={FIXTURES / 'corpus_tiny' / 'corpus.txt'}",
+               f"--vocab_dir={FIXTURES / 'tiny_wordpiece'}", f"--output_dir={tmp_path / 'examples'}",
+               f"--max_seq_length={length}", f"--sentence_task={task}")
+    one_line_error(proc, f"--max_seq_length={length}: too short for --sentence_task={task}")
+    assert not (tmp_path / "examples").exists()
+
+
+def test_prepare_corpus_with_more_shards_than_open_files_is_one_line(tmp_path):
+    """--shards=30000 with a 20,000-file limit: every worker died on EMFILE, tracebacks in the parent."""
+    proc = cli("pretrain.prepare_corpus", f"--inputs={FIXTURES / 'corpus_tiny' / 'corpus.txt'}",
+               f"--output_dir={tmp_path / 'corpus'}", "--shards=3000", nofile=1024)
+    one_line_error(proc, "--shards=3000: a worker holds one bucket file per shard open", "(1024, ulimit -Hn)")
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_pretraining_on_more_corpus_files_than_open_files_is_one_line(tmp_path):
+    """20,000 corpus files: the examples' readers (two per corpus file) ran out of file descriptors."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = (FIXTURES / "corpus_tiny" / "corpus.txt").read_text().split("\n\n")
+    for i in range(160):
+        (corpus / f"part-{i:04d}.txt").write_text("\n\n".join(lines[i % len(lines): i % len(lines) + 3]) + "\n")
+    proc = cli("pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test", f"--workdir={tmp_path / 'run'}",
+               f"--config.pretrain.corpus=('{corpus}/*.txt',)", "--config.pretrain.workers=1", timeout=300, nofile=256)
+    one_line_error(proc, "cannot open", "too many open files (this process may open 256 files")
+
+
+def test_a_config_variant_typo_is_one_short_line():
+    """--config=configs/indonli_large.py:cpu_tset printed a 786-character line holding a flattened traceback."""
+    proc = cli("finetune.main", "--config=configs/indonli_large.py:cpu_tset", "--workdir=/tmp/never_written")
+    line = one_line_error(proc, "--config=configs/indonli_large.py:cpu_tset: unknown variant(s) cpu_tset "
+                                "(did you mean cpu_test?); this config file knows: cpu_test, hypothesis_only")
+    assert len(line) < 200 and "Traceback" not in line and "File " not in line
+    proc = cli("pretrain.main", "--config=configs/pretrain/indobert_base.py:phase=3", "--workdir=/tmp/never_written")
+    one_line_error(proc, "--config=configs/pretrain/indobert_base.py:phase=3: phase must be 1 or 2, got 3")
+    assert not os.path.exists("/tmp/never_written")

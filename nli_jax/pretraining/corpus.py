@@ -83,6 +83,22 @@ def read_documents(path: str, *, lines_are_sentences: bool = False, max_lines_pe
         yield doc
 
 
+def open_files_for(needed: int, what: str) -> None:
+    """Raises this process's open-file limit (its workers inherit it) to `needed` when the hard
+    limit allows; else one error naming `what` and the limit, before anything is written."""
+    import resource
+
+    from nli_jax.errors import RunError
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise RunError(f"{what}: {needed} open files, more than this process may open ({hard}, ulimit -Hn); "
+                   "ask for fewer shards, or raise the limit")
+
+
 def _bucket_of(document: str, buckets: int) -> int:
     return int.from_bytes(hashlib.blake2b(document.encode("utf-8"), digest_size=8).digest(), "little") % buckets
 
@@ -158,6 +174,7 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
         raise FileNotFoundError(f"input files not found: {missing}")
     for p in inputs:  # the workers read them: each a regular file, before any is opened
         storage.readable_file(p, "input file")
+    open_files_for(shards + 64, f"--shards={shards}: a worker holds one bucket file per shard open")
     storage.makedirs(storage.under(output_dir))
     tmp_dir = os.path.join(output_dir, ".buckets")
     shutil.rmtree(tmp_dir, ignore_errors=True)  # parts of an interrupted run would be mixed in

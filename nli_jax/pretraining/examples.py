@@ -390,6 +390,14 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     Free disk space is checked before any shard is written."""
     if sentence_task not in ("nsp", "sop", "none"):
         raise ValueError(f"sentence_task must be nsp, sop or none, got {sentence_task!r}")
+    # A pair is [CLS] A [SEP] B [SEP]; without a sentence task [CLS] A [SEP]; and 2 tokens of text
+    # at least (the shortest target length _segment_pairs draws).
+    special = 3 if sentence_task != "none" else 2
+    if max_seq_length < special + 2:
+        from nli_jax.errors import RunError
+        raise RunError(f"--max_seq_length={max_seq_length}: too short for --sentence_task={sentence_task}: an example "
+                       f"({'[CLS] A [SEP] B [SEP]' if special == 3 else '[CLS] A [SEP]'}) needs {special} special "
+                       f"tokens and 2 of text, at least {special + 2} (BERT's phases: 128, then 512)")
     corpus_files = sorted(corpus_files)
     missing = [f for f in corpus_files if not storage.exists(f) and not os.path.islink(f)]
     if missing:

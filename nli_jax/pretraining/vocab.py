@@ -47,10 +47,15 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     storage.makedirs(storage.under(output_dir))
     with tempfile.TemporaryDirectory(dir=output_dir) as tmp:
         inputs = sample_lines(files, sample_sentences, storage.under(tmp, "sample.txt"), seed=seed)
-        if algorithm == "wordpiece":
-            vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
-        else:
-            vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
+        try:
+            if algorithm == "wordpiece":
+                vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
+            else:
+                vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
+        except Exception:  # the trainers' own message ("stream did not contain valid UTF-8") names no file
+            for f in files:
+                check_text_file(f)
+            raise
     if len(vocab) > vocab_size:  # the trainers keep every character of the alphabet whatever the size
         raise RunError(f"--vocab_size={vocab_size}: the corpus needs at least {len(vocab)} entries ({fixed} special "
                        f"tokens and placeholders and its alphabet, each character as a word start and a "
@@ -63,6 +68,34 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
         {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
          "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, indent=2))
     return output_dir
+
+
+def check_text_file(path: str) -> None:
+    """A RunError naming the file and line of the first bytes that are not UTF-8, or of the first
+    NUL byte (a binary or damaged file); nothing when it is text. Reads lines of at most 16 MiB."""
+    import codecs
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line, offset = 1, 0
+    with open(path, "rb") as f:  # a regular file: through storage.readable_file before
+        while True:
+            raw = f.readline(1 << 24)
+            if not raw:
+                break
+            try:
+                decoder.decode(raw)
+            except UnicodeDecodeError as e:
+                raise RunError(f"{path}:{line}: not UTF-8 (near byte offset {offset + max(0, e.start)}): not a text "
+                               "corpus (prepare one with python -m pretrain.prepare_corpus)") from None
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise RunError(f"{path}:{line}: NUL byte at offset {offset + nul} (a binary or damaged file): not a "
+                               "text corpus")
+            offset += len(raw)
+            line += raw.endswith(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise RunError(f"{path}:{line}: not UTF-8 (a character cut at the end of the file)") from None
 
 
 def _count_lines(path: str) -> int:
@@ -88,7 +121,8 @@ def sample_lines(files: list[str], sample: int, output, *, seed: int = 12345) ->
     from nli_jax import storage
     with storage.open_output(output) as out:  # an OutputPath
         for path in files:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            check_text_file(path)  # a binary file would be sampled as U+FFFD characters, silently
+            with open(path, encoding="utf-8") as f:
                 for line in f:
                     if rng.random() < keep and line.strip():
                         out.write(line.rstrip("\n") + "\n")
