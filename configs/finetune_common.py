@@ -27,6 +27,25 @@ def parse_arg(arg: str | None) -> dict:
     return out
 
 
+class UnknownVariantError(ValueError):
+    """A config variant (`--config=FILE:variant`) the config file does not have."""
+
+
+def refuse_unknown_variants(options: dict, known) -> None:
+    """One short error naming the variants of `options` left over (not popped by the config
+    file) and the `known` ones ('cpu_test', 'task=...'), with the closest known as a suggestion.
+    The command line prints it as `error: --config=FILE:variant: ...`."""
+    if not options:
+        return
+    import difflib
+    names = [k.split("=")[0] for k in known]
+    unknown = sorted(options)
+    close = sorted({m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.6)})
+    raise UnknownVariantError(f"unknown variant(s) {', '.join(unknown)}"
+                              + (f" (did you mean {' or '.join(close)}?)" if close else "")
+                              + f"; this config file knows: {', '.join(known)}")
+
+
 def apply_cpu_test(c: ml_collections.ConfigDict, *, preset: str = "tiny-bert") -> None:
     """What every cpu_test variant shares (fine-tuning and pretraining): a tiny from-scratch
     model with the tokenizer shipped in the package, short sequences, float32, synchronous

@@ -13,7 +13,7 @@ def get_config(arg=None):
     return indonli_config(arg, init="indobenchmark/indobert-large-p2")
 
 
-def indonli_config(arg, init, task="indonli", **task_options):
+def indonli_config(arg, init, task="indonli", known_variants=("cpu_test", "hypothesis_only"), **task_options):
     c = finetune_common.base_config(task, **task_options)
     c.eval_splits = ("validation", "test_lay", "test_expert", "diagnostic")
     c.model.init = init  # hub id, or a local directory with config.json, weights and vocab
@@ -28,7 +28,5 @@ def indonli_config(arg, init, task="indonli", **task_options):
         c.task_options.hypothesis_only = True
     if options.pop("cpu_test", False):
         finetune_common.apply_nli_cpu_test(c)
-    if options:
-        raise ValueError(f"unknown config variant(s) {sorted(options)} for {__name__}; "
-                         "expected cpu_test and/or hypothesis_only")
+    finetune_common.refuse_unknown_variants(options, known_variants)
     return c

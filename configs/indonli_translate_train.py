@@ -10,6 +10,6 @@ from configs import finetune_common, indonli_large
 def get_config(arg=None):
     options = finetune_common.parse_arg(arg)
     mix = bool(options.pop("mix", False))
-    return indonli_large.indonli_config(",".join(k for k, v in options.items() if v is True) or None,
+    return indonli_large.indonli_config(",".join(k if v is True else f"{k}={v}" for k, v in options.items()) or None,
                                         init="FacebookAI/xlm-roberta-large", task="indonli_translate_train",
-                                        mix_indonli_train=mix)
+                                        known_variants=("mix", "cpu_test", "hypothesis_only"), mix_indonli_train=mix)

@@ -32,8 +32,7 @@ def get_config(arg=None):
     task = options.pop("task", "smsa")
     model = options.pop("model", "large")
     cpu_test = options.pop("cpu_test", False)
-    if options:
-        raise ValueError(f"unknown config option(s) {sorted(options)}; expected task=, model=, cpu_test")
+    finetune_common.refuse_unknown_variants(options, ("task=", "model=", "cpu_test"))
     if task not in TASKS:
         raise ValueError(f"unknown IndoNLU task {task!r}; expected one of {TASKS}")
     if model not in MODELS:

@@ -15,8 +15,7 @@ def get_config(arg=None):
     c = finetune_common.base_config("inferes", holdout_topic=str(options.pop("holdout_topic", "")),
                                     hypothesis_only=bool(options.pop("hypothesis_only", False)))
     cpu_test = options.pop("cpu_test", False)
-    if options:
-        raise ValueError(f"unknown config option(s) {sorted(options)}")
+    finetune_common.refuse_unknown_variants(options, ("model=", "holdout_topic=", "hypothesis_only", "cpu_test"))
     c.model.init, c.optimizer.lr = MODELS[model]
     c.eval_splits = ("validation", "test", "topic_ood")
     c.train.batch_size = 16

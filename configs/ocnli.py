@@ -14,8 +14,7 @@ def get_config(arg=None):
     c = finetune_common.base_config("ocnli", train_size=str(options.pop("train_size", "50k")),
                                     hypothesis_only=bool(options.pop("hypothesis_only", False)))
     cpu_test = options.pop("cpu_test", False)
-    if options:
-        raise ValueError(f"unknown config option(s) {sorted(options)}")
+    finetune_common.refuse_unknown_variants(options, ("model=", "train_size=", "hypothesis_only", "cpu_test"))
     c.model.init, c.optimizer.lr = MODELS[model]
     c.eval_splits = ("validation",)
     c.train.batch_size = 32

@@ -21,6 +21,5 @@ def get_config(arg=None):
     if options.pop("cpu_test", False):
         finetune_common.apply_nli_cpu_test(c)  # the tiny model and shipped tokenizer, a few epochs
         c.data.source = ""
-    if options:
-        raise ValueError(f"unknown config variant(s) {sorted(options)}; expected cpu_test")
+    finetune_common.refuse_unknown_variants(options, ("cpu_test",))
     return c

@@ -24,11 +24,11 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
+    files = cli.parse_files(FLAGS.file)  # split names, which name files: checked first
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
     from nli_jax.train.tools import evaluate_checkpoint
-    evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, cli.parse_files(FLAGS.file),
-                        allow_unfinished=FLAGS.allow_unfinished)
+    evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, files, allow_unfinished=FLAGS.allow_unfinished)
 
 
 if __name__ == "__main__":

@@ -70,14 +70,14 @@ def table(runs: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
 def write_tables(workdir: str, runs: dict[str, dict], model: str, seconds: dict[str, float],
                  failures: list[str] = (), seeds=()) -> str:
     header, rows = table(runs)
-    tables.write_csv(os.path.join(workdir, "table.csv"), header, rows)
+    tables.write_csv(storage.under(workdir, "table.csv"), header, rows)
     spread = f", mean (std) over seeds {', '.join(map(str, seeds))}" if seeds else ""
     title = (f"IndoNLU, model `{model}` (F1 x 100{spread}; averages over the 5 classification and 7 "
              "sequence-labelling tasks)")
     notes = [f"failed: {f}" for f in failures]
     notes += ["wall time per task (s): " + ", ".join(f"{NAMES[t]} {s:.0f}" for t, s in seconds.items()),
               f"total: {sum(seconds.values()):.0f} s"]
-    return tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
+    return tables.write_markdown(storage.under(workdir, "table.md"), header, rows, title=title, notes=notes)
 
 
 def write_submission(workdir: str, tasks, source: str, seeds) -> tuple[list[str], str | None]:
@@ -117,6 +117,8 @@ def task_configs(model: str, source: str, tasks, overrides=(), cpu_test: bool = 
 def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False,
                   seeds=()) -> tuple[str, list[str]]:
     """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(workdir, "--workdir")  # its task runs are its own; the benchmark is inside no other run
     configs = task_configs(model, source, tasks, overrides, cpu_test)
     runs, seconds, failures = {}, {}, []
     for task, config in configs.items():

@@ -27,11 +27,11 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     if not FLAGS.input:
         raise app.UsageError("--input=name=path: at least one file to predict")
+    files = cli.parse_files(FLAGS.input, "--input")  # split names, which name files: checked first
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
     from nli_jax.train.tools import predict_files
-    records = predict_files(config, FLAGS.output, FLAGS.checkpoint, cli.parse_files(FLAGS.input),
-                            allow_unfinished=FLAGS.allow_unfinished)
+    records = predict_files(config, FLAGS.output, FLAGS.checkpoint, files, allow_unfinished=FLAGS.allow_unfinished)
     print(f"{len(records)} predictions written to {FLAGS.output}/predictions.jsonl")
 
 

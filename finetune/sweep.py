@@ -81,7 +81,7 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
                 log.error("%s: finished by a different config; stopping before any compute", workdir)
                 raise
             return {"status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": 0.0}
-        return {"status": "skipped", "results": json.loads(storage.read_text(results_path)), "seconds": 0.0}
+        return {"status": "skipped", "results": read_results(workdir), "seconds": 0.0}
     created = [d for d in (os.path.dirname(workdir), workdir) if not storage.exists(d)]
     try:
         results = train_and_evaluate(config, workdir)
@@ -94,6 +94,22 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
         log.exception("%s failed", workdir)
         return {"status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
     return {"status": "finished", "results": results, "seconds": time.time() - start}
+
+
+def read_results(workdir: str) -> dict | None:
+    """A cell's results.json, None when it has none; one error naming it when it cannot be read
+    (cut by a full disk or a kill while written by an older nli-jax, or edited)."""
+    from nli_jax.errors import RunError
+    path = os.path.join(workdir, "results.json")
+    try:
+        results = storage.read_json_object(path)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, not an object
+        raise RunError(f"{path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:120]}): not the results "
+                       f"of a finished cell; move it away and rerun the sweep (the cell's run, {workdir}, then "
+                       "evaluates its parameters again)") from None
+    if results is not None and not isinstance(results.get("splits"), dict):
+        raise RunError(f"{path} has no 'splits': not the results nli-jax writes; move it away and rerun the sweep")
+    return results
 
 
 def lr_name(lr: float) -> str:
@@ -142,18 +158,22 @@ def write_outputs(workdir: str, summary: dict) -> str:
     notes.append(f"selected lr: {selected} (best mean validation {metric}); per-cell values in sweep.json")
     title = (f"{summary['task']}, {summary['model']}: {metric} x 100, mean (sample std) over seeds; "
              f"* = lr selected by mean validation {metric}")
-    tables.write_csv(os.path.join(workdir, "table.csv"), header, rows)
-    text = tables.write_markdown(os.path.join(workdir, "table.md"), header, rows, title=title, notes=notes)
-    storage.write_text(os.path.join(workdir, "sweep.json"), json.dumps(summary, indent=2))
+    tables.write_csv(storage.under(workdir, "table.csv"), header, rows)
+    text = tables.write_markdown(storage.under(workdir, "table.md"), header, rows, title=title, notes=notes)
+    storage.write_text(storage.under(workdir, "sweep.json"), json.dumps(summary, indent=2))
     return text
 
 
 def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
     """Runs every (lr, seed) cell not finished yet; returns sweep.json's contents (plus "table")."""
     from nli_jax.train.planner import build_plan
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(workdir, "--workdir")  # its cells are its own runs; the sweep is inside no other run
     plan = build_plan(config, training=False)  # the sweep's task, splits and model (the cells check the rest)
     cells = [{"lr": lr, "seed": seed, "workdir": os.path.join(workdir, f"lr_{lr_name(lr)}", f"seed_{seed}"),
               "status": "pending"} for lr in lrs for seed in seeds]
+    for cell in cells:  # every finished cell's results read before any compute: a cut one stops the sweep now
+        read_results(cell["workdir"])
     canary = True
     for cell in cells:
         outcome = run_cell(with_lr_and_seed(config, cell["lr"], cell["seed"]), cell["workdir"], canary=canary)
@@ -185,8 +205,8 @@ def setup_sweep_log(workdir: str) -> None:
     log.setLevel(logging.INFO)
     log.propagate = False
     fmt = logging.Formatter("%(asctime)s sweep: %(message)s", "%H:%M:%S")
-    sweep_log = storage.synced_local_file(os.path.join(workdir, "sweep.log"))  # gs://: uploaded every few seconds
-    for handler in (logging.StreamHandler(), logging.FileHandler(sweep_log)):
+    # gs://: a local file uploaded every few seconds
+    for handler in (logging.StreamHandler(), storage.LogFile(storage.under(workdir, "sweep.log"))):
         handler.setFormatter(fmt)
         log.addHandler(handler)
 
@@ -210,6 +230,8 @@ def main(argv) -> int:
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     lrs, seeds = parse_grid(FLAGS.lrs, FLAGS.seeds)
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(FLAGS.workdir, "--workdir")  # before sweep.log: its cells are its own runs, it is in none
     setup_sweep_log(FLAGS.workdir)
     log.info("%d learning rates x %d seeds in %s", len(lrs), len(seeds), FLAGS.workdir)
     summary = run_sweep(FLAGS.config, FLAGS.workdir, lrs, seeds)

@@ -46,7 +46,10 @@ def main(argv) -> None:
     print("\n".join(aot.report_lines(report)), flush=True)
     if FLAGS.output:
         from nli_jax import storage
-        storage.write_text(FLAGS.output, json.dumps(report, indent=1) + "\n")
+        import os
+        output = storage.resolve(FLAGS.output)
+        storage.write_text(storage.under(os.path.dirname(output), os.path.basename(output)),
+                           json.dumps(report, indent=1) + "\n")
     if not all(report[s]["fits"] for s in ("train_step", "eval_step") if s in report):
         sys.exit(2)
 

@@ -46,3 +46,80 @@ def disk_full(error: BaseException, what: str, where: str, after: str) -> DiskFu
         free = "free space unknown"
     return DiskFullError(f"no space left on the device of {where} ({free}) while writing {what}: free some space "
                          f"and rerun the same command; {after}")
+
+
+# --- the machine, not the input: one line for what the file system or the process refuses ----
+
+def _os_errors():
+    import errno
+    return {errno.EROFS: ("read-only file system", "give a directory on a writable file system"),
+            errno.ENOSPC: ("no space left on the device", "free some space and rerun the same command"),
+            errno.EDQUOT: ("disk quota exceeded", "free some space and rerun the same command"),
+            errno.EFBIG: ("file too large for the file system or this process's file-size limit (ulimit -f)",
+                          "raise the limit or write to another file system"),
+            errno.EMFILE: ("too many open files", None),
+            errno.ENFILE: ("too many open files in the system", None),
+            errno.EACCES: ("permission denied", "give a path this user may read and write"),
+            errno.EPERM: ("operation not permitted", "give a path this user may read and write")}
+
+
+def _texts():
+    """What libraries that write with their own code (tensorstore under orbax) put in their messages."""
+    import errno
+    return {"No space left on device": errno.ENOSPC, "Read-only file system": errno.EROFS,
+            "Disk quota exceeded": errno.EDQUOT, "File too large": errno.EFBIG, "Too many open files": errno.EMFILE}
+
+
+def _errno_of(error: BaseException) -> tuple[int, BaseException] | None:
+    import re
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _os_errors():
+            return error.errno, error
+        text = str(error)
+        code = re.search(r"os_error_code='(\d+)'", text)
+        if code and int(code.group(1)) in _os_errors():
+            return int(code.group(1)), error
+        for fragment, number in _texts().items():
+            if fragment in text:
+                return number, error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def environment_problem(error: BaseException) -> str | None:
+    """One line for an error of the machine rather than of the input or the program: a read-only
+    file system, a full disk or quota, a file-size limit, too many open files, a permission
+    refused; it names the file (or what the library said) and what to do. None for any other
+    error (its traceback is kept)."""
+    import errno
+    found = _errno_of(error)
+    if found is None:
+        return None
+    number, cause = found
+    reason, advice = _os_errors()[number]
+    where = getattr(cause, "filename", None)
+    # A library's own error (tensorstore's) names the file in its text; a bare OSError says no more.
+    said = "" if isinstance(cause, OSError) else f": {' '.join(str(cause).split())[:300]}"
+    if number in (errno.EMFILE, errno.ENFILE):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        advice = (f"this process may open {soft} files (ulimit -n; at most {hard}): raise the limit, or read fewer, "
+                  "larger files (python -m pretrain.prepare_corpus --shards=N writes N shards)")
+        return f"{f'cannot open {where}: ' if where else ''}{reason} ({advice}){said}"
+    if number in (errno.EACCES, errno.EPERM):
+        return f"{f'{where}: ' if where else ''}{reason} ({advice}){said}"
+    return f"{f'cannot write {where}: ' if where else ''}{reason} ({advice}){said}"
+
+
+class EnvironmentLogFilter:
+    """A logging filter that drops the records (with their tracebacks) a library logs for an
+    error of the machine (orbax's background writers on a full disk: hundreds of lines) that the
+    command reports itself, in one line, when the error reaches it."""
+
+    def filter(self, record) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and environment_problem(error):
+            return False
+        return not (record.levelno >= 40 and _errno_of(Exception(record.getMessage())))

@@ -157,6 +157,16 @@ def predictions_path(run: str, seed: int | None = None) -> str:
     raise SubmissionError(f"{path} not found")
 
 
+def _runs_read(runs, seed: int | None) -> list[str]:
+    """The run directories a submission reads (a run, or the one holding a predictions file, and
+    its seed_<s>): a tool may write only in a directory of its own inside them."""
+    out = []
+    for run in runs:
+        run = os.path.dirname(storage.resolve(run)) if storage.isfile(run) else run
+        out += [run] + ([os.path.join(run, f"seed_{seed}")] if seed is not None else [])
+    return out
+
+
 def read_split_rows(path: str, split: str = "test") -> list[tuple[int, dict]]:
     """(line, row) for the rows of `split`, sorted by idx, after checking that idx is an integer
     and that the idx values are exactly 0..N-1 (no gap, no duplicate)."""
@@ -283,8 +293,8 @@ def _csv_bytes(header: Sequence[str], rows: Sequence[Sequence[str]]) -> bytes:
     return buffer.getvalue().encode("utf-8")
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    storage.write_bytes(path, data)  # local or gs://, atomic
+def _write_bytes(path, data: bytes) -> None:
+    storage.write_bytes(path, data)  # an OutputPath (storage.under), local or gs://, atomic
 
 
 def _zip_bytes(name: str, data: bytes) -> bytes:
@@ -341,6 +351,8 @@ def indonlu_submission(runs: str | Mapping[str, str], out_dir: str, *, tasks: Se
         run_dirs = {t: os.path.join(runs, t) for t in tasks}
     else:
         run_dirs = {t: runs[t] for t in tasks if t in runs}
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(out_dir, "--output", reads=_runs_read(run_dirs.values(), seed))
     paths, missing = {}, []
     for task in tasks:
         if task not in run_dirs:
@@ -360,8 +372,8 @@ def indonlu_submission(runs: str | Mapping[str, str], out_dir: str, *, tasks: Se
         files[task] = _csv_bytes(header, table)
     written = []
     for task in tasks:
-        pred = os.path.join(out_dir, task, "pred.txt")
-        archive = os.path.join(out_dir, f"{task}.zip")
+        pred = storage.under(out_dir, task, "pred.txt")  # a task name is one path component
+        archive = storage.under(out_dir, f"{task}.zip")
         _write_bytes(pred, files[task])
         _write_bytes(archive, _zip_bytes("pred.txt", files[task]))
         written += [pred, archive]
@@ -443,11 +455,17 @@ def ocnli_submission(run: str, out_path: str, *, train_size: str = "50k", naming
     filename = ocnli_filename(train_size, naming)
     if storage.isdir(out_path) or out_path.endswith(("/", os.sep)):
         out_path = os.path.join(out_path, filename)
+    from nli_jax.workdir import check_tool_output
+    for flag, target in (("--output", out_path), ("--zip", zip_path)):
+        if target:
+            check_tool_output(target, flag, reads=[storage.resolve(predictions_path(run, seed)), *_runs_read([run], seed)],
+                              read_flag="--run")
     data = ("\n".join(ocnli_lines(predictions_path(run, seed), split=split, source=source,
                                   expected_rows=expected_rows)) + "\n").encode("utf-8")
-    _write_bytes(out_path, data)
+    _write_bytes(storage.under(os.path.dirname(storage.resolve(out_path)), os.path.basename(out_path)), data)
     if zip_path:
-        _write_bytes(zip_path, _zip_bytes(os.path.basename(out_path), data))
+        _write_bytes(storage.under(os.path.dirname(storage.resolve(zip_path)), os.path.basename(zip_path)),
+                     _zip_bytes(os.path.basename(out_path), data))
     return out_path
 
 

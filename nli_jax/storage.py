@@ -8,6 +8,11 @@ Face directory for transformers, array_record files for the C++ reader) into thi
 scratch directory; `synced_local_file`/`synced_local_dir` give appenders (train.log,
 metrics.jsonl, TensorBoard) a local file that is uploaded every few seconds while the run goes.
 
+One way to write: every file nli-jax writes goes through the writer below (`under(directory,
+name, ...)` and the functions that take it), which never writes outside the directory it was
+given nor through a symbolic link inside it. One gate for every read: `readable_file` refuses a
+FIFO, device or directory where a file is expected, by its stat, before anything opens it.
+
 Credentials: on Cloud TPU VMs and GCE the clients use Application Default Credentials. With
 STORAGE_EMULATOR_HOST set (tests: gcp-storage-emulator on 127.0.0.1) every client is pointed at
 the emulator and sends no credentials.
@@ -15,9 +20,12 @@ the emulator and sends no credentials.
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
+import logging
 import os
 import shutil
+import stat as stat_lib
 import tempfile
 import threading
 import time
@@ -151,25 +159,24 @@ def glob(pattern: str) -> list[str]:
     return sorted(os.fspath(m) for m in path(root).glob("/".join(parts)))
 
 
-def makedirs(p) -> None:
-    path(p).mkdir(parents=True, exist_ok=True)
-
-
 def open(p, mode: str = "r", encoding: str | None = None):  # noqa: A001 - the storage layer's open
+    """A file opened for reading, through the read gate (`readable_file`). Writing goes through
+    `open_output` / `open_append`, which take an OutputPath."""
+    if any(c in mode for c in "wax+"):
+        raise TypeError(f"storage.open({p!r}, {mode!r}): files are written through storage.open_output / "
+                        "open_append / write_bytes with storage.under(directory, name, ...)")
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
-    q = path(p)
-    if any(c in mode for c in "wa") and not is_remote(p):
-        q.parent.mkdir(parents=True, exist_ok=True)
+    q = path(readable_file(p))
     return q.open(mode, encoding=encoding) if "b" not in mode else q.open(mode)
 
 
 def read_bytes(p) -> bytes:
-    return path(p).read_bytes()
+    return path(readable_file(p)).read_bytes()
 
 
 def read_text(p) -> str:
-    return path(p).read_text(encoding="utf-8")
+    return path(readable_file(p)).read_text(encoding="utf-8")
 
 
 def read_json_object(p) -> dict | None:
@@ -185,13 +192,185 @@ def read_json_object(p) -> dict | None:
     return value
 
 
+def _kind(mode: int) -> str:
+    """What a stat mode is, in words (for a path that is not the regular file it should be)."""
+    return ("a directory" if stat_lib.S_ISDIR(mode) else "a FIFO" if stat_lib.S_ISFIFO(mode) else
+            "a device" if stat_lib.S_ISCHR(mode) or stat_lib.S_ISBLK(mode) else
+            "a socket" if stat_lib.S_ISSOCK(mode) else "not a regular file")
+
+
+# --- the read gate: every file nli-jax reads is a regular, readable file ---------------------
+# A FIFO never ends a read (or an open), a device such as /dev/zero never stops giving bytes, a
+# directory is not the file that was meant: each is refused by its stat, before anything opens,
+# hashes or reads it. storage's own readers pass through here; what a library reads itself
+# (safetensors, torch, transformers' tokenizers, ml_collections' config files, the corpus
+# workers) is passed through `readable_file` / `readable_files` first.
+
+class NotAFileError(StorageError):
+    """A path where a file is expected that is not a regular, readable file; names it."""
+
+
+def readable_file(p, what: str = "file") -> str:
+    """`p` itself when it is a regular file this process can read, else a NotAFileError (a
+    directory, FIFO, device or socket, also behind a link) or FileNotFoundError naming it; the
+    size of a regular file is known from the same stat. Never opens the path."""
+    p = check(os.fspath(p))
+    if is_remote(p):
+        if not isfile(p):
+            raise FileNotFoundError(f"{what} {p} not found")
+        return p
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {p} not found") from None
+    except OSError as e:  # ELOOP, ENOTDIR, EACCES on a parent
+        raise NotAFileError(f"{what} {p} cannot be read ({os.strerror(e.errno)})") from None
+    if not stat_lib.S_ISREG(mode):
+        target = f" (a link to {os.path.realpath(p)})" if os.path.islink(p) else ""
+        raise NotAFileError(f"{p}{target} is {_kind(mode)}, not a regular file: not read")
+    if not os.access(p, os.R_OK):
+        raise NotAFileError(f"{what} {p} is not readable by this user (permissions {stat_lib.filemode(mode)})")
+    return p
+
+
+def readable_files(patterns, what: str = "file") -> list[str]:
+    """The files that `patterns` (files or globs, local or gs://) name, sorted, each through
+    `readable_file`; a pattern that matches nothing is kept, so that the caller names it."""
+    files = sorted({f for pattern in patterns if pattern for f in (glob(pattern) or [check(pattern)])})
+    for f in files:
+        if exists(f) or os.path.islink(f):
+            readable_file(f, what)
+    return files
+
+
+# --- the writer: every file nli-jax writes ----------------------------------------------------
+# A write names the directory it belongs to and the names under it: `under(directory, name, ...)`
+# gives an OutputPath, and every writer here takes only that. Each name is one path component
+# (split, task and label names that become file names are checked here, whatever their source),
+# so nothing lands outside the directory; and locally nothing below the directory may be a
+# symbolic link (lstat on the way down, O_NOFOLLOW on the file itself), so a link planted in a
+# workdir (`W/train.log -> ~/.bashrc`, `W/.lock -> another file`, `W/best -> elsewhere`) is
+# refused instead of written through. gs:// has no links. The directory itself may be a link
+# (a workdir on another disk). Writers nli-jax does not own (orbax, TensorBoard, safetensors,
+# the tokenizers' save_pretrained, array_record, tfds) are given a directory checked by
+# `output_dir` and write their own names in it.
+
+class UnsafePathError(StorageError):
+    """A write outside its directory, through a link inside it, or to a name that is not one
+    path component; names the path."""
+
+
+class OutputPath(str):
+    """A path to write, made by `under`: the directory it belongs to (`root`) and the names below it."""
+    root: str
+    names: tuple
+
+    def __new__(cls, root: str, names: tuple):
+        joined = root if not names else (f"{root.rstrip('/')}/{'/'.join(names)}" if is_remote(root)
+                                         else os.path.join(root, *names))
+        out = super().__new__(cls, joined)
+        out.root, out.names = root, names
+        return out
+
+
+def component(name, what: str = "file name") -> str:
+    """`name` when it can be one path component (a split, task or label name that becomes part
+    of a file name), else an UnsafePathError naming it (`what`: the flag or field it came from)."""
+    text = str(name)
+    if text in ("", ".", "..") or "/" in text or "\0" in text:
+        raise UnsafePathError(f"{what} {text!r} cannot be part of a file name: it must be one path component "
+                              "(no '/', not empty, '.' or '..')")
+    return text
+
+
+def under(directory, *names) -> OutputPath:
+    """The path `directory/names...` to write, each name one path component (so nothing lands
+    outside `directory`)."""
+    root = resolve(directory)
+    for name in names:
+        component(name, f"{root}: the name")
+    return OutputPath(root, tuple(str(n) for n in names))
+
+
+def check_output(p) -> str:
+    """The local path or URL of an OutputPath, every existing step below its directory checked
+    not to be a symbolic link."""
+    if not isinstance(p, OutputPath):
+        raise TypeError(f"{p!r}: storage writes take storage.under(directory, name, ...), which names the "
+                        "directory a write belongs to")
+    if is_remote(p.root):
+        return str(p)
+    current = p.root
+    for name in p.names:
+        current = os.path.join(current, name)
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            break  # created below, by this process
+        if stat_lib.S_ISLNK(mode):
+            raise UnsafePathError(f"{current} is a symbolic link (to {os.readlink(current)}): nli-jax does not write "
+                                  f"through links inside {p.root}; remove the link")
+    return str(p)
+
+
+def _nofollow_open(target: str, flags: int) -> int:
+    """os.open without following a link at the file itself, and refusing what is not a regular
+    file (a FIFO opened for writing would wait for a reader)."""
+    try:
+        fd = os.open(target, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(f"{target} is a symbolic link (to {os.readlink(target)}): nli-jax does not write "
+                                  "through links; remove the link") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader
+            raise UnsafePathError(f"{target} is a FIFO, not a regular file: not written") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat_lib.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafePathError(f"{target} is {_kind(mode)}, not a regular file: not written")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def makedirs(p) -> str:
+    """The directory of an OutputPath, created (with the missing directories above it)."""
+    target = check_output(p)
+    if not is_remote(target):
+        os.makedirs(target, exist_ok=True)
+    return target
+
+
+def output_dir(p, *, synced: bool = False, entries: bool = False) -> str:
+    """A checked directory (OutputPath) for a writer nli-jax does not own: created, not a link,
+    and with `entries` none of the names already in it a link either (an export's files). With
+    `synced`, for gs:// a local directory uploaded every few seconds (TensorBoard)."""
+    target = makedirs(p)
+    if is_remote(target):
+        return synced_local_dir(target) if synced else target
+    if entries:
+        for name in os.listdir(target):
+            check_output(OutputPath(p.root, (*p.names, name)))
+    return target
+
+
+def output_file(p) -> str:
+    """A checked file path (OutputPath) for a writer nli-jax does not own that writes one named
+    file (safetensors' save_file, array_record's writer): its directory created, nothing on the
+    way a link, the file not a link."""
+    target = check_output(p)
+    if not is_remote(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    return target
+
+
 def write_bytes(p, data: bytes) -> None:
     """Atomic: a reader sees the old file or the new one, never a part (a GCS object is
     replaced whole; a local file goes through a temporary name and a rename)."""
-    if is_remote(p):
-        path(p).write_bytes(data)
+    target = check_output(p)
+    if is_remote(target):
+        path(target).write_bytes(data)
         return
-    target = resolve(p)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
     try:
@@ -211,6 +390,68 @@ def write_text(p, text: str) -> None:
     write_bytes(p, text.encode("utf-8"))
 
 
+def open_output(p, mode: str = "w", encoding: str | None = None):
+    """A file (OutputPath) opened for writing from its start ("w", "wb") as a stream: corpus
+    shards and buckets, markers. Not atomic: callers write to a temporary name and `move` it."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"open_output: mode 'w' or 'wb', got {mode!r}")
+    target = check_output(p)
+    if is_remote(target):
+        return path(target).open(mode) if "b" in mode else path(target).open(mode, encoding=encoding or "utf-8")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    fd = _nofollow_open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding=encoding or "utf-8")
+
+
+def append_file(p) -> str:
+    """The local file that appends to an OutputPath stand for: itself locally, for gs:// a file
+    in the scratch directory uploaded every few seconds (an object cannot be appended to)."""
+    target = check_output(p)
+    if is_remote(target):
+        return synced_local_file(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    return target
+
+
+def open_append(p):
+    """An OutputPath opened for appending (train.log, metrics.jsonl), never through a link."""
+    return os.fdopen(_nofollow_open(append_file(p), os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8")
+
+
+def open_lock(p) -> int:
+    """A file descriptor of an OutputPath opened read-write, created if absent (a lock file)."""
+    target = check_output(p)
+    if is_remote(target):
+        raise ValueError(f"{target}: a lock file descriptor is local")
+    return _nofollow_open(target, os.O_RDWR | os.O_CREAT)
+
+
+class LogFile(logging.FileHandler):
+    """A log handler appending to an OutputPath (train.log, sweep.log) through `open_append`."""
+
+    def __init__(self, p):
+        super().__init__(append_file(p), mode="a", encoding="utf-8", delay=True)
+        self.stream = self._open()  # opened now: a refused path fails at set-up, not at the first line
+
+    def _open(self):
+        return os.fdopen(_nofollow_open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a",
+                         encoding="utf-8")
+
+    def handleError(self, record):  # noqa: N802 - logging's name
+        """A log line the file system refuses (full disk, read-only) is one warning line, once,
+        instead of logging's traceback per line; the command's own error says the rest."""
+        import sys
+
+        from nli_jax.errors import environment_problem
+        error = sys.exc_info()[1]
+        problem = environment_problem(error) if error is not None else None
+        if problem is None:
+            return super().handleError(record)
+        if not getattr(self, "_warned", False):
+            self._warned = True
+            sys.stderr.write(f"warning: {self.baseFilename} stopped taking log lines: {problem}\n")
+
+
 def remove(p) -> None:
     path(p).unlink()
 
@@ -222,10 +463,11 @@ def rmtree(p) -> None:
 
 
 def move(src, dst) -> None:
-    """A file or directory to a new name (GCS: copy, then delete)."""
-    if not is_remote(src) and not is_remote(dst):
-        os.makedirs(os.path.dirname(resolve(dst)), exist_ok=True)
-        shutil.move(resolve(src), resolve(dst))
+    """A file or directory to a new name (an OutputPath; GCS: copy, then delete)."""
+    target = check_output(dst)
+    if not is_remote(src) and not is_remote(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(resolve(src), target)
         return
     if isdir(src):
         copytree(src, dst)
@@ -236,17 +478,19 @@ def move(src, dst) -> None:
 
 
 def copy(src, dst) -> None:
-    """One file, between any two places (local <-> gs://)."""
-    if not is_remote(dst):
-        os.makedirs(os.path.dirname(resolve(dst)), exist_ok=True)
-    path(src).copy(path(dst), overwrite=True)
+    """One file, between any two places (local <-> gs://); `dst` an OutputPath."""
+    target = check_output(dst)
+    if not is_remote(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    path(readable_file(src)).copy(path(target), overwrite=True)
 
 
 def copytree(src, dst) -> None:
-    """Every file under `src` to the same relative place under `dst`."""
-    src, dst = resolve(src), resolve(dst)
+    """Every file under `src` to the same relative place under `dst` (an OutputPath)."""
+    src = resolve(src)
+    check_output(dst)
     for rel in walk_files(src):
-        copy(os.path.join(src, rel), os.path.join(dst, rel))
+        copy(os.path.join(src, rel), OutputPath(dst.root, (*dst.names, *rel.split("/"))))
 
 
 def walk_files(p) -> list[str]:
@@ -344,16 +588,15 @@ def local_copy(p) -> str:
         return p
     if p in _copies:
         return _copies[p]
-    target = os.path.join(scratch_dir(), "copies", hashlib.sha256(p.encode()).hexdigest()[:16],
-                          os.path.basename(p) or "root")
+    target = under(scratch_dir(), "copies", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p) or "root")
     if isdir(p):
         copytree(p, target)
     elif exists(p):
         copy(p, target)
     else:
         raise FileNotFoundError(f"{p} not found")
-    _copies[p] = target
-    return target
+    _copies[p] = str(target)
+    return str(target)
 
 
 def origin(p: str) -> str:
@@ -366,34 +609,34 @@ def origin(p: str) -> str:
     return p
 
 
-def upload(local: str, remote: str) -> None:
-    """A local file or directory to `remote` (a no-op copy when both are the same local path)."""
+def upload(local: str, remote) -> None:
+    """A local file or directory to `remote` (an OutputPath)."""
     if os.path.isdir(local):
         copytree(local, remote)
     else:
         copy(local, remote)
 
 
-def local_inputs(patterns) -> list[str]:
-    """Local paths of the files that `patterns` (files or globs, local or gs://) name, sorted: for
-    tools that read with plain open() in worker processes (corpus preparation, vocabulary
-    training). Remote files are downloaded once into this process's scratch directory; a
-    pattern that matches nothing is kept, so that the tool names it in its error."""
-    files = sorted({f for pattern in patterns for f in (glob(pattern) or [check(pattern)])})
+def local_inputs(patterns, what: str = "input file") -> list[str]:
+    """Local paths of the files that `patterns` (files or globs, local or gs://) name, sorted,
+    each through the read gate: for tools that read with plain open() in worker processes
+    (corpus preparation, vocabulary training). Remote files are downloaded once into this
+    process's scratch directory; a pattern that matches nothing is kept, so that the tool names
+    it in its error."""
+    files = readable_files(patterns, what)
     return [local_copy(f) if is_remote(f) and exists(f) else f for f in files]
 
 
 def local_output_dir(p) -> str:
-    """A local directory to write what will end up at `p`: `p` itself when local; for gs:// an
-    empty directory in the scratch directory, which `upload(local, p)` copies when it is complete
-    (a half-written output never appears in the bucket)."""
+    """A local directory to write what will end up at `p`: `p` itself when local (the root of the
+    tool's writes, created by the tool once its input is checked); for gs:// an empty directory
+    in the scratch directory, which `upload(local, under(p))` copies when it is complete (a
+    half-written output never appears in the bucket)."""
     p = resolve(check(p))
     if not is_remote(p):
         return p
     check_reachable(p, what="output directory")
-    local = os.path.join(scratch_dir(), "outputs", hashlib.sha256(p.encode()).hexdigest()[:16])
-    os.makedirs(local, exist_ok=True)
-    return local
+    return makedirs(under(scratch_dir(), "outputs", hashlib.sha256(p.encode()).hexdigest()[:16]))
 
 
 # --- appended files (logs, metrics, TensorBoard) on gs:// ----------------------------------
@@ -406,35 +649,29 @@ _uploaded: dict[str, tuple] = {}
 _sync_thread: threading.Thread | None = None
 
 
-def synced_local_file(p) -> str:
-    """A local file to append to that stands for `p`: `p` itself when local; for gs:// a file in
-    the scratch directory that starts with the object's current contents (a resumed run appends
-    to its log) and is uploaded every few seconds."""
+def synced_local_file(p: str) -> str:
+    """A local file that stands for gs:// file `p` (reached through `append_file`): a file in the
+    scratch directory that starts with the object's current contents (a resumed run appends to
+    its log) and is uploaded every few seconds."""
     p = resolve(p)
-    if not is_remote(p):
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        return p
     with _lock:
         for local, remote in _synced.items():
             if remote == p:
                 return local
-    local = os.path.join(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p))
-    os.makedirs(os.path.dirname(local), exist_ok=True)
+    local = str(output_file(under(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16],
+                                  os.path.basename(p))))
     if exists(p):
-        copy(p, local)
+        copy(p, under(local))
     _register(local, p)
     return local
 
 
-def synced_local_dir(p) -> str:
-    """A local directory standing for `p` (TensorBoard's event files): new and grown files in
-    it are uploaded every few seconds."""
+def synced_local_dir(p: str) -> str:
+    """A local directory standing for gs:// directory `p` (TensorBoard's event files, reached
+    through `output_dir(..., synced=True)`): new and grown files in it are uploaded every few
+    seconds."""
     p = resolve(p)
-    if not is_remote(p):
-        os.makedirs(p, exist_ok=True)
-        return p
-    local = os.path.join(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p))
-    os.makedirs(local, exist_ok=True)
+    local = makedirs(under(scratch_dir(), "synced", hashlib.sha256(p.encode()).hexdigest()[:16], os.path.basename(p)))
     _register(local, p)
     return local
 
@@ -477,5 +714,5 @@ def sync() -> None:
                 key = (st.st_size, st.st_mtime_ns)
                 if _uploaded.get(src) == key:
                     continue
-                copy(src, dst)
+                copy(src, under(dst))
                 _uploaded[src] = key

@@ -62,5 +62,5 @@ def write_csv(path: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -
     _write_text(path, buffer.getvalue())
 
 
-def _write_text(path: str, text: str) -> None:
-    storage.write_text(path, text)  # local or gs://, atomic
+def _write_text(path, text: str) -> None:
+    storage.write_text(path, text)  # an OutputPath (storage.under), local or gs://, atomic

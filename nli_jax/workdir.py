@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -122,7 +123,7 @@ def write_config(workdir: str, config_json: dict) -> None:
     path = os.path.join(workdir, CONFIG_FILE)
     if jax.process_index() != 0 or storage.isfile(path):
         return
-    storage.write_text(path, json.dumps(config_json, indent=2, sort_keys=True))
+    storage.write_text(storage.under(workdir, CONFIG_FILE), json.dumps(config_json, indent=2, sort_keys=True))
 
 
 def check_still_there(workdir: str, what: str) -> None:
@@ -177,7 +178,7 @@ class _LocalLock:
         import fcntl
         self.path = path
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = storage.open_lock(storage.under(os.path.dirname(path), LOCK_FILE))  # never through a link
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -293,16 +294,21 @@ class lock:  # noqa: N801 - used as a context manager: `with workdir.lock(path, 
                 if storage.is_remote(path):
                     self._held = _BucketLock(path, _holder(self.purpose))
                 else:
-                    os.makedirs(self.workdir, exist_ok=True)
+                    storage.makedirs(storage.under(self.workdir))
                     self._held = _LocalLock(path, _holder(self.purpose))
-            except WorkdirLockedError as e:
+                    check_no_links(self.workdir)  # what the command will write: refused now, not mid-run
+            except (WorkdirLockedError, storage.StorageError) as e:
                 error = e
+                if self._held is not None:
+                    self._held.release()
+                    self._held = None
         if jax.process_count() > 1:
             import numpy as np
             from jax.experimental import multihost_utils
             locked = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
             if not locked and error is None:
-                error = WorkdirLockedError(f"{self.workdir} is in use by another command (process 0 could not lock it)")
+                error = WorkdirLockedError(f"{self.workdir} is in use by another command, or cannot be written (see "
+                                           "process 0's error)")
         if error is not None:
             raise error
         return self
@@ -313,12 +319,75 @@ class lock:  # noqa: N801 - used as a context manager: `with workdir.lock(path, 
             self._held = None
 
 
-def refuse_a_run(directory: str, flag: str) -> None:
-    """Tools write only to a directory of their own: not one that holds a training run."""
-    if storage.isfile(os.path.join(directory, CONFIG_FILE)) and (
-            storage.isdir(os.path.join(directory, "checkpoints")) or storage.isdir(os.path.join(directory, "best"))):
-        raise RunError(f"{flag}={directory} holds a training run (config.json and checkpoints): a tool writes to a "
-                       "directory of its own; give another one")
+# --- where a tool may write ------------------------------------------------------------------
+# What a training run writes in its workdir (finetune.main, pretrain.main; with seeds, each seed's
+# run in seed_<s>): a tool never writes to these names of a run, nor anywhere else in a run but
+# a directory of its own inside the run it reads.
+RUN_ENTRIES = frozenset({CONFIG_FILE, RUN_STATE_FILE, LOCK_FILE, UNREADABLE_DIR, "inputs.json", "results.json",
+                         "predictions.jsonl", "train.log", "metrics.jsonl", "tensorboard", "checkpoints", "best",
+                         "export", "export_best", "examples", "dynamics", "calibration.json"})
+
+
+def _run_entry(name: str) -> bool:
+    return name in RUN_ENTRIES or re.fullmatch(r"seed_\d+|reliability_.*\.png", name) is not None
+
+
+def check_no_links(workdir: str) -> None:
+    """Before a run computes anything: none of the names it writes in its workdir (RUN_ENTRIES,
+    reliability_*.png) is a symbolic link, which the writer would refuse later (metrics.jsonl at
+    the first logged step, best/ at the first evaluation)."""
+    if storage.is_remote(workdir):
+        return
+    for name in storage.listdir(workdir):
+        if _run_entry(name):
+            storage.check_output(storage.under(workdir, name))
+
+
+def is_run(directory: str) -> bool:
+    """Whether `directory` holds a training run: its config.json with the inputs, state,
+    checkpoints or best parameters of a run, or the results of per-seed runs (seed_<s>)."""
+    try:
+        names = set(storage.listdir(directory))
+    except OSError:  # an ancestor this user cannot list holds no run of theirs
+        return False
+    if CONFIG_FILE in names and names & {"inputs.json", RUN_STATE_FILE, "checkpoints", "best"}:
+        return True
+    return "results.json" in names and any(re.fullmatch(r"seed_\d+", n) for n in names)
+
+
+def check_tool_output(output: str, flag: str, *, reads=(), read_flag: str = "--checkpoint") -> None:
+    """The one check of where a tool (finetune.evaluate / predict / export, nli_jax.leaderboard,
+    nli_jax.analysis, finetune.sweep, the IndoNLU benchmark) may write `output` (named by
+    `flag`): never a run directory, nor anything inside one, except a directory of the tool's own
+    inside a run it reads (`reads`: e.g. `--checkpoint=R --workdir=R/eval`, cartography's
+    R/cartography) whose name is none of the run's own (RUN_ENTRIES, seed_<s>, reliability_*.png).
+    A path a tool reads is never its output either (`read_flag`: the flag that names the first of
+    `reads`). Checked before anything is read or written."""
+    out = storage.resolve(output)
+    own = {storage.resolve(r) for r in reads if r}
+    if out in own and storage.isfile(out):
+        raise RunError(f"{flag}={output} is a file it reads ({read_flag}): a tool never writes over its input; "
+                       "give a path of its own")
+    if out in own:
+        raise RunError(f"{flag}={output} is the {read_flag} it reads: a tool never rewrites a run (its config.json "
+                       "and results.json would be replaced); give a directory of its own")
+    directory, child = out, None
+    while True:
+        if is_run(directory):
+            if child is None:
+                raise RunError(f"{flag}={output} holds a training run (config.json and checkpoints): a tool writes "
+                               "to a directory of its own; give another one")
+            if directory not in own:
+                raise RunError(f"{flag}={output} is inside the training run {directory}: a tool writes outside "
+                               "runs (or in a directory of its own inside the run it reads); give another one")
+            if _run_entry(child):
+                raise RunError(f"{flag}={output} would write into {os.path.join(directory, child)}, which the run "
+                               f"{directory} writes itself: give a directory of the tool's own (e.g. "
+                               f"{os.path.join(directory, 'eval')}) or one outside the run")
+        parent = os.path.dirname(directory) if not storage.is_remote(directory) else directory.rsplit("/", 1)[0]
+        if parent == directory or parent.endswith(":/") or parent.endswith("://"):
+            return
+        directory, child = parent, os.path.basename(directory)
 
 
 # --- how far a run got --------------------------------------------------------------------
@@ -329,7 +398,7 @@ def write_state(workdir: str, state: str, **fields) -> None:
     (process 0)."""
     import jax
     if jax.process_index() == 0:
-        storage.write_text(os.path.join(workdir, RUN_STATE_FILE),
+        storage.write_text(storage.under(workdir, RUN_STATE_FILE),
                            json.dumps({"state": state, **fields, "updated": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
                                       indent=2))
 

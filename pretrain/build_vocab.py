@@ -25,7 +25,7 @@ def main(argv):
     written = train_vocabulary(files, output_dir, vocab_size=FLAGS.vocab_size, algorithm=FLAGS.algorithm,
                                lowercase=FLAGS.lowercase, sample_sentences=FLAGS.sample_sentences)
     if storage.is_remote(FLAGS.output_dir):
-        storage.upload(output_dir, FLAGS.output_dir)
+        storage.upload(output_dir, storage.under(FLAGS.output_dir))
         written = FLAGS.output_dir
     print(written)
 

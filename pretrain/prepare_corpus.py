@@ -27,7 +27,7 @@ def main(argv):
                            lines_are_sentences=FLAGS.lines_are_sentences,
                            max_lines_per_document=FLAGS.max_lines_per_document)
     if storage.is_remote(FLAGS.output_dir):
-        storage.upload(output_dir, FLAGS.output_dir)
+        storage.upload(output_dir, storage.under(FLAGS.output_dir))
     print(json.dumps({k: v for k, v in stats.items() if k != "shards"}, indent=2))
 
 

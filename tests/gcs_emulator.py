@@ -62,7 +62,7 @@ def env(url: str, **extra) -> dict:
 def upload_tree(local_dir: str, url: str) -> None:
     """Every file under a local directory to `url` (gs://bucket/prefix), through nli_jax.storage."""
     from nli_jax import storage
-    storage.copytree(local_dir, url)
+    storage.copytree(local_dir, storage.under(url))
 
 
 def list_objects(url: str, bucket: str) -> list[str]:

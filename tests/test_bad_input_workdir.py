@@ -130,11 +130,11 @@ def test_the_bucket_lock_refuses_a_second_holder_and_takes_over_an_expired_lease
         assert not storage.exists(run + "/.lock")  # released
         # A holder that died: its lease expired a minute ago; the next command takes over.
         stale = dict(holder, pid=1, expires=time.time() - 60)
-        storage.write_text(run + "/.lock", json.dumps(stale))
+        storage.write_text(storage.under(run, ".lock"), json.dumps(stale))
         with workdir.lock(run, "training"):
             assert json.loads(storage.read_text(run + "/.lock"))["pid"] == os.getpid()
         # A live lease (renewed until the future) is respected.
-        storage.write_text(run + "/.lock", json.dumps(dict(stale, expires=time.time() + 600)))
+        storage.write_text(storage.under(run, ".lock"), json.dumps(dict(stale, expires=time.time() + 600)))
         with pytest.raises(workdir.WorkdirLockedError, match="its lease renewed until"):
             workdir.lock(run, "training").__enter__()
     finally:

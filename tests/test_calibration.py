@@ -4,6 +4,7 @@ temperature is the NLL's minimum."""
 import numpy as np
 import pytest
 
+from nli_jax import storage
 from nli_jax.metrics import calibration
 
 
@@ -67,5 +68,5 @@ def test_fitted_temperature_minimises_the_nll_and_undoes_overconfidence():
 
 def test_reliability_diagram_is_a_png(tmp_path):
     logits, labels = _logits()
-    path = calibration.plot_reliability({"raw": calibration.report(logits, labels)}, str(tmp_path / "r.png"), "t")
+    path = calibration.plot_reliability({"raw": calibration.report(logits, labels)}, storage.under(tmp_path, "r.png"), "t")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -152,15 +152,15 @@ def test_free_disk_space_is_checked_before_anything_is_written(corpus, minilm_di
 
 def test_vocabulary_trains_on_a_seeded_sample_of_a_large_corpus(corpus, tmp_path):
     lines = sum(1 for f in corpus for _ in open(f, encoding="utf-8"))
-    first = sample_lines(corpus, 20_000, str(tmp_path / "a.txt"), seed=1)
-    second = sample_lines(corpus, 20_000, str(tmp_path / "b.txt"), seed=1)
-    other = sample_lines(corpus, 20_000, str(tmp_path / "c.txt"), seed=2)
+    first = sample_lines(corpus, 20_000, storage.under(tmp_path, "a.txt"), seed=1)
+    second = sample_lines(corpus, 20_000, storage.under(tmp_path, "b.txt"), seed=1)
+    other = sample_lines(corpus, 20_000, storage.under(tmp_path, "c.txt"), seed=2)
     sampled = open(first[0], encoding="utf-8").read().splitlines()
     assert lines > 100_000 and abs(len(sampled) - 20_000) < 1_000  # non-blank lines of ~20,000 drawn
     assert open(second[0]).read() == open(first[0]).read() != open(other[0]).read()
     source = set(line.rstrip("\n") for f in corpus for line in open(f, encoding="utf-8"))
     assert all(line in source and line.strip() for line in sampled)
-    assert sample_lines(corpus, lines, str(tmp_path / "d.txt")) == corpus  # small enough: every line
+    assert sample_lines(corpus, lines, storage.under(tmp_path, "d.txt")) == corpus  # small enough: every line
     vocab = train_vocabulary(corpus, str(tmp_path / "vocab"), vocab_size=3000, sample_sentences=20_000)
     tokens = open(os.path.join(vocab, "vocab.txt"), encoding="utf-8").read().splitlines()
     assert len(tokens) == 3000 and {"yang", "dan", "[MASK]"} <= set(tokens)

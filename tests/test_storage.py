@@ -49,7 +49,7 @@ def read(url_path):
 def test_storage_layer_on_the_emulator(emulator, tmp_path):
     from nli_jax import storage
     root = f"gs://{BUCKET}/layer"
-    storage.write_text(f"{root}/a/config.json", '{"x": 1}')
+    storage.write_text(storage.under(root, "a", "config.json"), '{"x": 1}')
     assert storage.read_text(f"{root}/a/config.json") == '{"x": 1}'
     assert storage.isfile(f"{root}/a/config.json") and not storage.isfile(f"{root}/a")
     assert storage.isdir(f"{root}/a") and not storage.exists(f"{root}/missing")
@@ -57,16 +57,15 @@ def test_storage_layer_on_the_emulator(emulator, tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "f.txt").write_text("1")
     (tmp_path / "d" / "g.txt").write_text("2")
-    storage.copytree(str(tmp_path / "d"), f"{root}/d")
+    storage.copytree(str(tmp_path / "d"), storage.under(root, "d"))
     assert storage.walk_files(f"{root}/d") == ["g.txt", "sub/f.txt"]
     assert storage.glob(f"{root}/d/*.txt") == [f"{root}/d/g.txt"]
     local = storage.local_copy(f"{root}/d")
     assert open(os.path.join(local, "sub", "f.txt")).read() == "1"
     assert storage.origin(os.path.join(local, "sub", "f.txt")) == f"{root}/d/sub/f.txt"
-    storage.move(f"{root}/d", f"{root}/e")
+    storage.move(f"{root}/d", storage.under(root, "e"))
     assert storage.walk_files(f"{root}/e") == ["g.txt", "sub/f.txt"] and not storage.exists(f"{root}/d")
-    log = storage.synced_local_file(f"{root}/train.log")
-    with open(log, "a") as f:
+    with storage.open_append(storage.under(root, "train.log")) as f:
         f.write("line 1\n")
     storage.sync()
     assert storage.read_text(f"{root}/train.log") == "line 1\n"
@@ -75,8 +74,8 @@ def test_storage_layer_on_the_emulator(emulator, tmp_path):
     # Another process (another host) writes after this one listed: no stale listing hides it.
     assert not storage.isfile(f"{root}/e/written_elsewhere")
     subprocess.run([sys.executable, "-c", "from nli_jax import storage; "
-                    f"storage.write_text('{root}/train.log', 'line 1\\nline 2\\n'); "
-                    f"storage.write_text('{root}/e/written_elsewhere', 'x')"],
+                    f"storage.write_text(storage.under('{root}', 'train.log'), 'line 1\\nline 2\\n'); "
+                    f"storage.write_text(storage.under('{root}', 'e', 'written_elsewhere'), 'x')"],
                    env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
     assert storage.read_text(f"{root}/train.log") == "line 1\nline 2\n"
     assert storage.isfile(f"{root}/e/written_elsewhere")
@@ -136,7 +135,7 @@ def test_unusable_workdir_is_refused_before_compute(emulator, tmp_path, workdir,
 def test_missing_bucket_of_model_init_and_data_source_is_named(emulator, tmp_path):
     workdir = f"gs://{BUCKET}/kept"
     from nli_jax import storage
-    storage.write_text(f"{workdir}/notes.txt", "written before")
+    storage.write_text(storage.under(workdir, "notes.txt"), "written before")
     proc = cli("finetune.main", CPU_TEST, workdir, "--config.model.init=gs://absent-bucket/model",
                url=emulator, cwd=tmp_path)
     _refused(proc, "--config.model.init", "gs://absent-bucket/model", "does not exist")
@@ -166,7 +165,7 @@ def test_prepare_corpus_and_build_vocab_read_and_write_gcs(emulator, tmp_path):
     the bucket, outputs uploaded once complete, nothing under the current directory."""
     from nli_jax import storage
     from nli_jax.data import fixture_path
-    storage.copytree(fixture_path("corpus_tiny"), f"gs://{BUCKET}/tools/raw")
+    storage.copytree(fixture_path("corpus_tiny"), storage.under(f"gs://{BUCKET}", "tools", "raw"))
     env = gcs_emulator.env(emulator, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -249,8 +248,8 @@ def test_everything_on_gcs_sigkill_rerun_matches_a_local_run(emulator, tmp_path)
     from nli_jax.data import fixture_path
     model = _tiny_checkpoint(tmp_path / "model")
     inputs = f"gs://{BUCKET}/e2e_inputs"
-    storage.copytree(str(model), f"{inputs}/model")
-    storage.copytree(fixture_path("nli_tiny"), f"{inputs}/indonli")
+    storage.copytree(str(model), storage.under(inputs, "model"))
+    storage.copytree(fixture_path("nli_tiny"), storage.under(inputs, "indonli"))
 
     local = tmp_path / "local"
     proc = cli("finetune.main", CPU_TEST, local, *E2E, f"--config.model.init={model}",
@@ -307,8 +306,8 @@ def test_everything_on_gcs_sigkill_rerun_matches_a_local_run(emulator, tmp_path)
 def test_pretraining_with_corpus_tokenizer_and_workdir_on_gcs(emulator, tmp_path):
     from nli_jax import storage
     from nli_jax.data import fixture_path
-    storage.copytree(fixture_path("corpus_tiny"), f"gs://{BUCKET}/pre_inputs/corpus")
-    storage.copytree(fixture_path("tiny_wordpiece"), f"gs://{BUCKET}/pre_inputs/vocab")
+    storage.copytree(fixture_path("corpus_tiny"), storage.under(f"gs://{BUCKET}", "pre_inputs", "corpus"))
+    storage.copytree(fixture_path("tiny_wordpiece"), storage.under(f"gs://{BUCKET}", "pre_inputs", "vocab"))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     workdir = f"gs://{BUCKET}/pretrain"
@@ -335,8 +334,8 @@ def test_two_processes_without_a_shared_disk(emulator, tmp_path):
     processes, are gathered for the export."""
     from nli_jax import storage
     from nli_jax.data import fixture_path
-    storage.copytree(fixture_path("corpus_tiny"), f"gs://{BUCKET}/mp_inputs/corpus")
-    storage.copytree(fixture_path("tiny_wordpiece"), f"gs://{BUCKET}/mp_inputs/vocab")
+    storage.copytree(fixture_path("corpus_tiny"), storage.under(f"gs://{BUCKET}", "mp_inputs", "corpus"))
+    storage.copytree(fixture_path("tiny_wordpiece"), storage.under(f"gs://{BUCKET}", "mp_inputs", "vocab"))
     workdir = f"gs://{BUCKET}/multiprocess"
     args = ("--config.train.max_steps=40", "--config.train.checkpoint_every_steps=20",
             "--config.mesh.shape.data=1", "--config.mesh.shape.fsdp=4",

@@ -156,12 +156,12 @@ def test_format_mean_std_on_hand_written_numbers():
 
 
 def test_markdown_and_csv_writers(tmp_path):
-    from nli_jax import tables
+    from nli_jax import storage, tables
     header, rows = ["model", "dev"], [["a", "85.00 (7.07)"], ["b, c", ""]]
-    text = tables.write_markdown(str(tmp_path / "t.md"), header, rows, title="Title", notes=["note"])
+    text = tables.write_markdown(storage.under(tmp_path, "t.md"), header, rows, title="Title", notes=["note"])
     assert text == "Title\n\n| model | dev |\n|---|---|\n| a | 85.00 (7.07) |\n| b, c |  |\n\nnote\n"
     assert (tmp_path / "t.md").read_text() == text
-    tables.write_csv(str(tmp_path / "t.csv"), header, rows)
+    tables.write_csv(storage.under(tmp_path, "t.csv"), header, rows)
     assert (tmp_path / "t.csv").read_bytes() == b'model,dev\r\na,85.00 (7.07)\r\n"b, c",\r\n'
 
 

@@ -53,9 +53,7 @@ def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
     cpu_test = options.pop("cpu_test", False)
     continued = options.pop("continue", False)
     cpu_learn = options.pop("cpu_learn", False)
-    if options:
-        raise ValueError(f"unknown config option(s) {sorted(options)}; expected phase=1|2, cpu_test, cpu_learn, "
-                         "continue")
+    finetune_common.refuse_unknown_variants(options, ("phase=1|2", "cpu_test", "cpu_learn", "continue"))
     if phase not in (1, 2):
         raise ValueError(f"phase must be 1 or 2, got {phase}")
     albert = model.startswith("indobert-lite")

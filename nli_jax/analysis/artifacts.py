@@ -367,6 +367,10 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     """Computes every statistic for one split of a task's corpus and writes analysis.json,
     analysis.md and the PNG plots into `workdir`; returns the report (analysis.json's content).
     Predictions are checked before anything is written, so a bad file leaves no partial output."""
+    from nli_jax.workdir import check_tool_output
+    check_tool_output(workdir, "--workdir", read_flag="--predictions",
+                      reads=[storage.resolve(predictions), os.path.dirname(storage.resolve(predictions))]
+                      if predictions else [])
     corpus = corpus_for_task(task)
     split, path = resolve_split(corpus, source, split)
     examples = load_split(corpus, split, path)
@@ -398,8 +402,8 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
         report["hypothesis_only"] = hypothesis_only
     if plots:
         report["plots"] = write_plots(workdir, report, overlap, lengths)
-    storage.write_text(os.path.join(workdir, "analysis.json"), json.dumps(report, indent=2, ensure_ascii=False))
-    storage.write_text(os.path.join(workdir, "analysis.md"), markdown(report))
+    storage.write_text(storage.under(workdir, "analysis.json"), json.dumps(report, indent=2, ensure_ascii=False))
+    storage.write_text(storage.under(workdir, "analysis.md"), markdown(report))
     return report
 
 
@@ -554,7 +558,7 @@ def _save(fig, workdir: str, name: str) -> str:
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    storage.write_bytes(os.path.join(workdir, name), png.getvalue())  # local or gs://
+    storage.write_bytes(storage.under(workdir, name), png.getvalue())  # local or gs://
     return name
 
 

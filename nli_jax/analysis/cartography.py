@@ -86,6 +86,7 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction={fraction}: must be in (0, 1]")
     output = output or os.path.join(workdir, "cartography")
+    workdir_lib.check_tool_output(output, "--output", reads=[workdir], read_flag="--workdir")
     plan, task, examples = training_examples(workdir)
     meta = dynamics.read_meta(workdir)
     if meta is None:
@@ -106,7 +107,7 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
               "ambiguous": np.argsort(-variability, kind="stable")[:n],
               "hard_to_learn": np.argsort(confidence, kind="stable")[:n]}
     rows = {i: _row(task, by_idx[i], stats[i]) for i in ids}
-    storage.write_text(os.path.join(output, "cartography.jsonl"), "".join(
+    storage.write_text(storage.under(output, "cartography.jsonl"), "".join(
         json.dumps({k: rows[i][k] for k in ("id", "idx", "label", "confidence", "variability", "correctness",
                                              "passes")}, ensure_ascii=False) + "\n" for i in ids))
     summary = {"workdir": workdir, "task": plan.task, "examples": len(ids), "mode": meta.get("mode"),
@@ -115,7 +116,7 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
                "fraction": fraction, "not_recorded": len(examples) - len(ids), "regions": {}}
     for region, positions in chosen.items():
         members = [ids[p] for p in positions]
-        storage.write_text(os.path.join(output, f"{region}.jsonl"), "".join(
+        storage.write_text(storage.under(output, f"{region}.jsonl"), "".join(
             json.dumps(rows[i], ensure_ascii=False) + "\n" for i in members))
         labels = [str(rows[i]["label"]) for i in members]
         summary["regions"][region] = {
@@ -125,11 +126,11 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
             "variability": [float(variability[positions].min()), float(variability[positions].max())]}
     every = [str(rows[i]["label"]) for i in ids]
     summary["per_label"] = {label: every.count(label) for label in sorted(set(every))}
-    summary["data_map"] = _data_map(os.path.join(output, "data_map.png"), confidence, variability,
+    summary["data_map"] = _data_map(storage.under(output, "data_map.png"), confidence, variability,
                                     np.array([stats[i]["correctness"] for i in ids]),
                                     f"{plan.task}: {len(ids)} training examples, {summary['passes']['max']} passes")
-    storage.write_text(os.path.join(output, "summary.json"), json.dumps(summary, indent=2, ensure_ascii=False))
-    storage.write_text(os.path.join(output, "summary.md"), markdown(summary))
+    storage.write_text(storage.under(output, "summary.json"), json.dumps(summary, indent=2, ensure_ascii=False))
+    storage.write_text(storage.under(output, "summary.md"), markdown(summary))
     return summary
 
 

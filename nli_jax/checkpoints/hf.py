@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 # SentencePiece models: ALBERT/T5's, XLM-R's, DeBERTa-v2/v3's.
 SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model")
+# Files of a tokenizer directory (those transformers reads besides the vocabulary).
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "merges.txt")
 # A tokenizer directory needs one of these (tokenizer_config.json alone loads as an empty vocabulary).
 VOCABULARY_FILES = ("vocab.txt", "tokenizer.json", *SENTENCEPIECE_FILES, "vocab.json")
 SAFE_WEIGHTS = "model.safetensors"
@@ -64,11 +66,10 @@ def resolve_directory(path: str) -> str:
 
 def read_config(directory: str) -> dict:
     file = os.path.join(directory, CONFIG_NAME)
-    if not os.path.isfile(file):
+    if not os.path.lexists(file):
         raise FileNotFoundError(f"{file} not found: a model directory needs {CONFIG_NAME}")
     try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(storage.read_text(file))  # through the read gate: a regular file
     except json.JSONDecodeError as e:
         raise ConfigError(f"{file}: not valid JSON ({e})") from e
 
@@ -79,6 +80,7 @@ def _load_torch(file: str) -> dict[str, np.ndarray]:
     except ImportError as e:
         raise ImportError(f"{file} is a PyTorch pickle; install torch (pip install 'nli-jax[torch]') "
                           "or convert the checkpoint to safetensors") from e
+    storage.readable_file(file, "weights file")  # torch reads it itself: a regular file first
     # weights_only=True: never unpickle arbitrary objects from a downloaded file.
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
@@ -106,6 +108,7 @@ def _widened(array) -> np.ndarray:
 
 def _load_safetensors(file: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
+    storage.readable_file(file, "weights file")  # safetensors maps it itself: a regular file first
     out = {}
     try:
         # numpy (bfloat16 through ml_dtypes, which JAX brings): 4x faster than the "flax" framework
@@ -120,30 +123,39 @@ def _load_safetensors(file: str) -> dict[str, np.ndarray]:
     return out
 
 
+def shard_files(directory: str, index_name: str) -> list[str]:
+    """The weight files a shard index names, each a file of `directory` itself: a name with a
+    directory part ('../x.safetensors', '/abs/x.bin', 'sub/x.bin') is refused, naming the index."""
+    index = os.path.join(directory, index_name)
+    try:
+        names = sorted(set(json.loads(storage.read_text(index))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a shard index with a 'weight_map' ({type(e).__name__}: "
+                              f"{_first_line(e)})") from None
+    for name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise CheckpointError(f"{index}: its weight_map names {name!r}, not a file of {directory}: a shard "
+                                  "index may name only files in its own directory")
+    return [os.path.join(directory, name) for name in names]
+
+
 def read_weights(directory: str) -> dict[str, np.ndarray]:
     def sharded(index_name, loader):
-        index = os.path.join(directory, index_name)
-        try:
-            with open(index, encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{index}: not a shard index with a 'weight_map' ({type(e).__name__}: "
-                                  f"{_first_line(e)})") from None
         out = {}
-        for name in files:
-            file = os.path.join(directory, name)
-            if not os.path.isfile(file):
+        for file in shard_files(directory, index_name):
+            if not os.path.lexists(file):
                 raise FileNotFoundError(f"{file} (listed in {index_name}) not found")
             out.update(loader(file))
         return out
 
-    if os.path.isfile(os.path.join(directory, SAFE_WEIGHTS)):
+    present = lambda name: os.path.lexists(os.path.join(directory, name))  # noqa: E731 - a FIFO or device too
+    if present(SAFE_WEIGHTS):
         weights = _load_safetensors(os.path.join(directory, SAFE_WEIGHTS))
-    elif os.path.isfile(os.path.join(directory, SAFE_INDEX)):
+    elif present(SAFE_INDEX):
         weights = sharded(SAFE_INDEX, _load_safetensors)
-    elif os.path.isfile(os.path.join(directory, TORCH_WEIGHTS)):
+    elif present(TORCH_WEIGHTS):
         weights = _load_torch(os.path.join(directory, TORCH_WEIGHTS))
-    elif os.path.isfile(os.path.join(directory, TORCH_INDEX)):
+    elif present(TORCH_INDEX):
         weights = sharded(TORCH_INDEX, _load_torch)
     else:
         raise FileNotFoundError(f"no weights in {directory}: expected {SAFE_WEIGHTS}, {SAFE_INDEX}, {TORCH_WEIGHTS} "
@@ -164,27 +176,29 @@ def write_directory(path: str, weights: dict[str, np.ndarray], config: dict, *, 
         local = os.path.join(storage.scratch_dir(), "export", hashlib.sha256(path.encode()).hexdigest()[:16])
         shutil.rmtree(local, ignore_errors=True)
         write_directory(local, weights, config, tokenizer=tokenizer)
-        storage.upload(local, path)
+        storage.upload(local, storage.under(path))
         return
-    os.makedirs(path, exist_ok=True)
+    # Its own files and the tokenizer's are written by safetensors and transformers into a
+    # directory whose entries are checked: none of them a link.
+    storage.output_dir(storage.under(path), entries=True)
     written = [os.path.join(path, SAFE_WEIGHTS), os.path.join(path, CONFIG_NAME)]
-    save_file(weights, written[0], metadata={"format": "pt"})
-    with open(written[1], "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    save_file(weights, storage.output_file(storage.under(path, SAFE_WEIGHTS)), metadata={"format": "pt"})
+    storage.write_text(storage.under(path, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True))
     if tokenizer is not None:
         before = set(os.listdir(path))
         tokenizer.save_pretrained(path)
         vocab = tokenizer.get_vocab()
         if "Bert" in type(tokenizer).__name__ and not os.path.isfile(os.path.join(path, "vocab.txt")):
             # IndoBERT checkpoints ship a WordPiece vocab.txt; transformers v5 writes tokenizer.json only.
-            with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
-                f.write("\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
+            storage.write_text(storage.under(path, "vocab.txt"),
+                               "\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n")
         source = getattr(tokenizer, "vocab_file", None)
         if (isinstance(source, str) and os.path.basename(source) in SENTENCEPIECE_FILES and os.path.isfile(source)
                 and not os.path.exists(os.path.join(path, os.path.basename(source)))):
             # transformers v5 saves tokenizer.json only; the SentencePiece model it was converted
             # from travels too, for readers that load it (transformers v4's slow DeBERTa-v2 tokenizer).
-            shutil.copyfile(source, os.path.join(path, os.path.basename(source)))
+            storage.write_bytes(storage.under(path, os.path.basename(source)),
+                                storage.read_bytes(storage.readable_file(source, "SentencePiece model")))
         written += [os.path.join(path, name) for name in sorted(set(os.listdir(path)) - before)]
         written += [os.path.join(path, name) for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                                                            "special_tokens_map.json")]
@@ -209,8 +223,7 @@ def _names_a_bert_tokenizer(directory: str, files: set) -> bool:
     if "tokenizer_config.json" not in files:
         return False
     try:
-        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
-            declared = json.load(f)
+        declared = json.loads(storage.read_text(os.path.join(directory, "tokenizer_config.json")))
         model_type = read_config(directory).get("model_type", "bert") if CONFIG_NAME in files else "bert"
     except (OSError, ValueError, AttributeError):  # ConfigError is a ValueError
         return False  # AutoTokenizer's own error, then
@@ -244,6 +257,8 @@ def load_tokenizer(path: str):
     from transformers import BertTokenizerFast
     directory = resolve_directory(path)
     files = set(os.listdir(directory))
+    for name in sorted(files & (set(VOCABULARY_FILES) | set(TOKENIZER_FILES))):
+        storage.readable_file(os.path.join(directory, name), "tokenizer file")  # transformers reads them itself
     vocabularies = files & set(VOCABULARY_FILES)
     if not vocabularies:
         raise CheckpointError(f"tokenizer directory {directory} has no vocabulary: expected one of "
@@ -264,8 +279,9 @@ def load_tokenizer(path: str):
         raise CheckpointError(f"tokenizer in {directory} has only its {len(special)} special tokens and no vocabulary "
                               f"(files: {sorted(vocabularies)}): every word would be {tokenizer.unk_token}")
     if "vocab.txt" in files:
-        with open(os.path.join(directory, "vocab.txt"), encoding="utf-8") as f:
-            entries = [line.rstrip("\n") for line in f]
+        import io  # lines as open() in text mode gives them
+        entries = [line.rstrip("\n") for line in io.StringIO(storage.read_text(os.path.join(directory, "vocab.txt")),
+                                                             newline=None)]
         lines = len(entries)
         if "Bert" in type(tokenizer).__name__:
             check_special_tokens(directory, entries)

@@ -63,23 +63,9 @@ def _is_space(ch: str) -> bool:
 
 def check_regular_file(path: str, what: str = "dataset file") -> None:
     """A path that is not a regular file (a directory, a FIFO, a device such as /dev/zero, also
-    behind a symlink) is refused before it is read: it would never end or is not data."""
-    if storage.is_remote(path):
-        if not storage.isfile(path):
-            raise FileNotFoundError(f"{what} {path} not found")
-        return
-    import os
-    import stat
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path} not found") from None
-    if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
-                "not a regular file")
-        target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-        raise DataError(f"{path}{target} is {kind}, not a regular file: not read")
+    behind a symlink) is refused before it is read: it would never end or is not data. The
+    storage layer's read gate (storage.readable_file), which every read goes through."""
+    storage.readable_file(path, what)
 
 
 def _open_text(path: str) -> str:

@@ -36,7 +36,7 @@ def download_files(files: dict[str, str], destination: str, required=()) -> str:
                                         "data.source instead") from e
             log.info("no %s at %s (%s)", filename, url, e)
             continue
-        storage.write_bytes(target, data)  # atomic, mode 0666 less the umask
+        storage.write_bytes(storage.under(destination, filename), data)  # atomic, mode 0666 less the umask
     return destination
 
 
@@ -102,7 +102,7 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
     # array_record's C++ reader and writer take local files: a gs:// data_dir is a shared cache
     # of the prepared dataset, built once (by process 0) and copied into each process's scratch.
     local_dir = (os.path.join(storage.scratch_dir(), "tfds", hashlib.sha256(data_dir.encode()).hexdigest()[:16])
-                 if remote else os.path.expanduser(data_dir))
+                 if remote else storage.output_dir(storage.under(data_dir)))  # tfds writes in it
 
     def make_builder():  # tfds reads a prepared dataset's info when the builder is made
         return _builder_class()(dataset_name=name, examples=examples, description=description, config=config,
@@ -130,8 +130,8 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
         if remote:
             for rel in storage.walk_files(local):
                 if rel != marker:
-                    storage.copy(os.path.join(local, rel), os.path.join(shared, rel))
-            storage.copy(os.path.join(local, marker), os.path.join(shared, marker))
+                    storage.copy(os.path.join(local, rel), storage.under(shared, *rel.split("/")))
+            storage.copy(os.path.join(local, marker), storage.under(shared, marker))
 
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -141,7 +141,7 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
     elif remote:
         build_once()
     if remote and not os.path.isfile(os.path.join(local, marker)):
-        storage.copytree(shared, local)
+        storage.copytree(shared, storage.under(local))
     builder = make_builder()
     prepare(builder)
     return {split: RecordSource(builder.as_data_source(split=split)) for split in examples}

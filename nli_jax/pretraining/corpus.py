@@ -87,13 +87,30 @@ def read_documents(path: str, *, lines_are_sentences: bool = False, max_lines_pe
         yield doc
 
 
+def open_files_for(needed: int, what: str) -> None:
+    """Raises this process's open-file limit (its workers inherit it) to `needed` when the hard
+    limit allows; else one error naming `what` and the limit, before anything is written."""
+    import resource
+
+    from nli_jax.errors import RunError
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise RunError(f"{what}: {needed} open files, more than this process may open ({hard}, ulimit -Hn); "
+                   "ask for fewer shards, or raise the limit")
+
+
 def _bucket_of(document: str, buckets: int) -> int:
     return int.from_bytes(hashlib.blake2b(document.encode("utf-8"), digest_size=8).digest(), "little") % buckets
 
 
 def _pass1(args):
     index, path, tmp_dir, buckets, options = args
-    handles = [open(os.path.join(tmp_dir, f"b{b:05d}.f{index:05d}"), "w", encoding="utf-8") for b in range(buckets)]
+    from nli_jax import storage
+    handles = [storage.open_output(storage.under(tmp_dir, f"b{b:05d}.f{index:05d}")) for b in range(buckets)]
     docs = sentences = 0
     try:
         for doc in read_documents(path, lines_are_sentences=options["lines_are_sentences"],
@@ -133,8 +150,10 @@ def _pass2(args):
     # 16-byte digests only: memory grows with the bucket's document count, never with its text.
     seen, kept, dropped = set(), 0, 0
     parts = sorted(p for p in os.listdir(tmp_dir) if p.startswith(f"b{bucket:05d}."))
+    from nli_jax import storage
+    directory, name = os.path.split(output)
     tmp_out = output + ".tmp"
-    with open(tmp_out, "w", encoding="utf-8") as out:
+    with storage.open_output(storage.under(directory, name + ".tmp")) as out:
         for part in parts:  # file order, then document order: deterministic output
             for doc in _stored_documents(os.path.join(tmp_dir, part)):
                 key = hashlib.blake2b(doc.encode("utf-8"), digest_size=16).digest()
@@ -145,7 +164,7 @@ def _pass2(args):
                 out.write(doc + "\n\n")
                 kept += 1
             os.remove(os.path.join(tmp_dir, part))
-    os.replace(tmp_out, output)
+    storage.move(tmp_out, storage.under(directory, name))
     return kept, dropped
 
 
@@ -153,20 +172,23 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
                    lines_are_sentences: bool = False, twitter: bool = False, max_lines_per_document: int = 0,
                    min_sentence_chars: int = 1, min_sentences: int = 1, progress: bool = True) -> dict:
     """Writes <output_dir>/corpus-SSSSS-of-NNNNN.txt; returns counts."""
-    missing = [p for p in inputs if not os.path.isfile(p)]
+    from nli_jax import storage
+    missing = [p for p in inputs if not os.path.lexists(p)]
     if missing:
         raise FileNotFoundError(f"input files not found: {missing}")
-    os.makedirs(output_dir, exist_ok=True)
+    for p in inputs:  # the workers read them: each a regular file, before any is opened
+        storage.readable_file(p, "input file")
+    open_files_for(shards + 64, f"--shards={shards}: a worker holds one bucket file per shard open")
+    storage.makedirs(storage.under(output_dir))
     tmp_dir = os.path.join(output_dir, ".buckets")
     shutil.rmtree(tmp_dir, ignore_errors=True)  # parts of an interrupted run would be mixed in
     # Bucket files hold the corpus once; while a bucket is deduplicated its shard grows before
     # each part is deleted, by up to one part (an input's share of a bucket) per worker. 10% over
     # for --twitter's placeholders, which can be longer than what they replace.
-    from nli_jax import storage
     sizes = [os.path.getsize(p) for p in inputs]
     needed = sum(sizes) + min(max(1, workers), shards) * -(-max(sizes, default=0) // shards)
     storage.check_free_space(output_dir, int(1.1 * needed), what=f"the prepared corpus of {len(inputs)} file(s)")
-    os.makedirs(tmp_dir)
+    storage.makedirs(storage.under(output_dir, ".buckets"))
     options = dict(lines_are_sentences=lines_are_sentences, twitter=twitter,
                    max_lines_per_document=max_lines_per_document, min_sentence_chars=min_sentence_chars,
                    min_sentences=min_sentences)

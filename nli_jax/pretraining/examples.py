@@ -248,7 +248,8 @@ def _shard_job(args):
     dtype = np.dtype(dtype_name)
     files = _shard_files(output_dir, index)
     # Uncompressed: token ids do not compress, and the default codec triples the read time.
-    writers = {split: ArrayRecordWriter(files[split] + ".tmp", "group_size:1,uncompressed")
+    writers = {split: ArrayRecordWriter(storage.output_file(storage.under(output_dir, os.path.basename(files[split])
+                                                                          + ".tmp")), "group_size:1,uncompressed")
                for split in ("train", "heldout")}
     # One generator per (split, pass over the corpus), continued across windows: deterministic.
     rngs = {(split, dupe): random.Random(seed * 1_000_003 + index * 1009 + dupe)
@@ -294,14 +295,15 @@ def _shard_job(args):
     sizes = {}
     for split in writers:
         _fsync(files[split] + ".tmp")  # on disk before the marker that vouches for it
-        os.replace(files[split] + ".tmp", files[split])
+        storage.move(files[split] + ".tmp", storage.under(output_dir, os.path.basename(files[split])))
         sizes[split] = os.path.getsize(files[split])
     # Written last: a shard without its marker is rebuilt on restart, never read as complete.
-    with open(files["done"] + ".tmp", "w", encoding="utf-8") as f:
+    marker = os.path.basename(files["done"])
+    with storage.open_output(storage.under(output_dir, marker + ".tmp")) as f:
         json.dump({"fingerprint": fingerprint, "counts": counts, "words": words, "bytes": sizes}, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(files["done"] + ".tmp", files["done"])
+    storage.move(files["done"] + ".tmp", storage.under(output_dir, marker))
     _fsync(output_dir)
     return index, counts, words
 
@@ -435,26 +437,34 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     Free disk space is checked before any shard is written."""
     if sentence_task not in ("nsp", "sop", "none"):
         raise ValueError(f"sentence_task must be nsp, sop or none, got {sentence_task!r}")
+    # A pair is [CLS] A [SEP] B [SEP]; without a sentence task [CLS] A [SEP]; and 2 tokens of text
+    # at least (the shortest target length _segment_pairs draws).
+    special = 3 if sentence_task != "none" else 2
+    if max_seq_length < special + 2:
+        from nli_jax.errors import RunError
+        raise RunError(f"--max_seq_length={max_seq_length}: too short for --sentence_task={sentence_task}: an example "
+                       f"({'[CLS] A [SEP] B [SEP]' if special == 3 else '[CLS] A [SEP]'}) needs {special} special "
+                       f"tokens and 2 of text, at least {special + 2} (BERT's phases: 128, then 512)")
     corpus_files = sorted(corpus_files)
-    missing = [f for f in corpus_files if not storage.isfile(f)]
+    missing = [f for f in corpus_files if not storage.exists(f) and not os.path.islink(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
-    if not storage.isfile(os.path.join(vocab_dir, "vocab.txt")):
+    for f in corpus_files:  # the workers read them: each a regular file, before any is opened
+        storage.readable_file(f, "corpus file")
+    if not storage.exists(os.path.join(vocab_dir, "vocab.txt")):
         raise FileNotFoundError(f"{storage.origin(vocab_dir)}/vocab.txt not found")
     # The tokenizer and array_record's writer take local files: gs:// inputs are downloaded to
     # this process's scratch, and a gs:// output_dir is built there and uploaded.
     local_vocab = storage.local_copy(vocab_dir)
-    with open(os.path.join(local_vocab, "vocab.txt"), "rb") as f:
-        vocab_bytes = f.read()
+    vocab_bytes = storage.read_bytes(os.path.join(local_vocab, "vocab.txt"))
     from nli_jax.checkpoints.hf import check_special_tokens
     # [MASK] above all: masking would draw a token the vocabulary does not have.
     check_special_tokens(storage.origin(vocab_dir), vocab_bytes.decode("utf-8", errors="replace").splitlines())
     vocab_size = vocab_bytes.count(b"\n") + (0 if vocab_bytes.endswith(b"\n") or not vocab_bytes else 1)
     tokenizer_hash = hashlib.sha256(vocab_bytes)
     config_path = os.path.join(local_vocab, "tokenizer_config.json")  # do_lower_case
-    if os.path.isfile(config_path):
-        with open(config_path, "rb") as f:
-            tokenizer_hash.update(f.read())
+    if os.path.lexists(config_path):
+        tokenizer_hash.update(storage.read_bytes(config_path))
     dtype = "uint16" if vocab_size < 65535 else "int32"
     remote_out = storage.is_remote(output_dir)
     local_out = (os.path.join(storage.scratch_dir(), "examples", hashlib.sha256(output_dir.encode()).hexdigest()[:16])
@@ -480,7 +490,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
         storage.remove(os.path.join(output_dir, META))  # a rebuild in progress never looks complete
     for f in _stale_files(output_dir, done) if remote_out else stale:
         storage.remove(f)
-    os.makedirs(local_out, exist_ok=True)
+    storage.makedirs(storage.under(local_out))
     jobs = [(i, local_files[i], local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task, dupe_factor,
              seed, heldout_permille, dtype, fingerprints[i], window_chars) for i in todo]
     from tqdm import tqdm
@@ -491,7 +501,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
                 if remote_out:  # each shard as it finishes, its marker last; the local copy freed
                     local, remote = _shard_files(local_out, index), _shard_files(output_dir, index)
                     for kind in ("train", "heldout", "done"):
-                        storage.copy(local[kind], remote[kind])
+                        storage.copy(local[kind], storage.under(output_dir, os.path.basename(remote[kind])))
                         os.remove(local[kind])
     counts = {"train": 0, "heldout": 0}
     words = 0
@@ -505,7 +515,7 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
             "heldout_permille": heldout_permille, "corpus": [storage.origin(f) for f in corpus_files],
             "reused_shards": len(done)}
     # examples.json last: it marks a complete directory.
-    storage.write_text(os.path.join(output_dir, META), json.dumps(meta, indent=2))
+    storage.write_text(storage.under(output_dir, META), json.dumps(meta, indent=2))
     return meta
 
 

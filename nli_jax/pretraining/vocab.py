@@ -32,22 +32,30 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     As BERT's and SentencePiece's tools do, a corpus of more than `sample_sentences` lines is
     trained on a sample of that many (each line kept with the same probability, seeded), so
     time and memory stay those of the sample however large the corpus; 0 = every line."""
-    missing = [f for f in files if not os.path.isfile(f)]
+    from nli_jax import storage
+    missing = [f for f in files if not os.path.lexists(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
+    for f in files:  # the trainers read them themselves: each a regular file first
+        storage.readable_file(f, "corpus file")
     if algorithm not in ("wordpiece", "sentencepiece-bpe"):
         raise ValueError(f"unknown vocabulary algorithm {algorithm!r}; expected wordpiece or sentencepiece-bpe")
     fixed = len(SPECIAL_TOKENS) + len(PLACEHOLDERS)
     if vocab_size <= fixed:
         raise RunError(f"--vocab_size={vocab_size}: not more than the {fixed} special tokens and placeholders "
                        f"({', '.join(SPECIAL_TOKENS + PLACEHOLDERS)}); a vocabulary needs room for words")
-    os.makedirs(output_dir, exist_ok=True)
+    storage.makedirs(storage.under(output_dir))
     with tempfile.TemporaryDirectory(dir=output_dir) as tmp:
-        inputs = sample_lines(files, sample_sentences, os.path.join(tmp, "sample.txt"), seed=seed)
-        if algorithm == "wordpiece":
-            vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
-        else:
-            vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
+        inputs = sample_lines(files, sample_sentences, storage.under(tmp, "sample.txt"), seed=seed)
+        try:
+            if algorithm == "wordpiece":
+                vocab = _wordpiece(inputs, vocab_size, lowercase, min_frequency, limit_alphabet)
+            else:
+                vocab = _sentencepiece_bpe(inputs, vocab_size, lowercase, sample_sentences)  # 0: every sentence
+        except Exception:  # the trainers' own message ("stream did not contain valid UTF-8") names no file
+            for f in files:
+                check_text_file(f)
+            raise
     if len(vocab) > vocab_size:  # the trainers keep every character of the alphabet whatever the size
         raise RunError(f"--vocab_size={vocab_size}: the corpus needs at least {len(vocab)} entries ({fixed} special "
                        f"tokens and placeholders and its alphabet, each character as a word start and a "
@@ -58,15 +66,42 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
             "--vocab_size=%d: the corpus yields %d entries (%d special tokens and placeholders, %d words and pieces%s), "
             "fewer than asked: vocab.txt has %d", vocab_size, len(vocab), fixed, len(vocab) - fixed,
             f" seen at least {min_frequency} times" if algorithm == "wordpiece" else "", len(vocab))
-    with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(vocab) + "\n")
-    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": 512,
-                   "strip_accents": None, "tokenize_chinese_chars": True}, f, indent=2)
-    with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-        json.dump({"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                   "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, f, indent=2)
+    storage.write_text(storage.under(output_dir, "vocab.txt"), "\n".join(vocab) + "\n")
+    storage.write_text(storage.under(output_dir, "tokenizer_config.json"), json.dumps(
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": 512,
+         "strip_accents": None, "tokenize_chinese_chars": True}, indent=2))
+    storage.write_text(storage.under(output_dir, "special_tokens_map.json"), json.dumps(
+        {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+         "mask_token": "[MASK]", "additional_special_tokens": PLACEHOLDERS}, indent=2))
     return output_dir
+
+
+def check_text_file(path: str) -> None:
+    """A RunError naming the file and line of the first bytes that are not UTF-8, or of the first
+    NUL byte (a binary or damaged file); nothing when it is text. Reads lines of at most 16 MiB."""
+    import codecs
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line, offset = 1, 0
+    with open(path, "rb") as f:  # a regular file: through storage.readable_file before
+        while True:
+            raw = f.readline(1 << 24)
+            if not raw:
+                break
+            try:
+                decoder.decode(raw)
+            except UnicodeDecodeError as e:
+                raise RunError(f"{path}:{line}: not UTF-8 (near byte offset {offset + max(0, e.start)}): not a text "
+                               "corpus (prepare one with python -m pretrain.prepare_corpus)") from None
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise RunError(f"{path}:{line}: NUL byte at offset {offset + nul} (a binary or damaged file): not a "
+                               "text corpus")
+            offset += len(raw)
+            line += raw.endswith(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise RunError(f"{path}:{line}: not UTF-8 (a character cut at the end of the file)") from None
 
 
 def _count_lines(path: str) -> int:
@@ -78,7 +113,7 @@ def _count_lines(path: str) -> int:
     return count
 
 
-def sample_lines(files: list[str], sample: int, output: str, *, seed: int = 12345) -> list[str]:
+def sample_lines(files: list[str], sample: int, output, *, seed: int = 12345) -> list[str]:
     """`files` themselves when they hold at most `sample` lines (or sample is 0), else `output`
     holding about `sample` of their non-blank lines, each kept with probability sample / lines
     (a seeded draw per line, in file order: one pass, constant memory)."""
@@ -89,13 +124,15 @@ def sample_lines(files: list[str], sample: int, output: str, *, seed: int = 1234
         return list(files)
     import random
     rng, keep = random.Random(seed), sample / total
-    with open(output, "w", encoding="utf-8") as out:
+    from nli_jax import storage
+    with storage.open_output(output) as out:  # an OutputPath
         for path in files:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            check_text_file(path)  # a binary file would be sampled as U+FFFD characters, silently
+            with open(path, encoding="utf-8") as f:
                 for line in f:
                     if rng.random() < keep and line.strip():
                         out.write(line.rstrip("\n") + "\n")
-    return [output]
+    return [str(output)]
 
 
 def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):
@@ -142,11 +179,11 @@ def load_fast_tokenizer(vocab_dir: str, lowercase: bool | None = None):
     same vocab.txt (batch encoding in Rust threads)."""
     from tokenizers import BertWordPieceTokenizer
     if lowercase is None:
+        from nli_jax import storage
         config = os.path.join(vocab_dir, "tokenizer_config.json")
         lowercase = True
-        if os.path.isfile(config):
-            with open(config, encoding="utf-8") as f:
-                lowercase = bool(json.load(f).get("do_lower_case", True))
+        if os.path.lexists(config):
+            lowercase = bool(json.loads(storage.read_text(config)).get("do_lower_case", True))
     tokenizer = BertWordPieceTokenizer(os.path.join(vocab_dir, "vocab.txt"), lowercase=lowercase,
                                        strip_accents=None if lowercase else False)
     for placeholder in PLACEHOLDERS:

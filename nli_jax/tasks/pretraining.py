@@ -33,8 +33,10 @@ log = logging.getLogger("nli_jax")
 
 
 def _corpus_files(patterns) -> list[str]:
-    """The files the corpus globs match (local or gs://), sorted."""
-    return sorted({f for pattern in patterns if pattern for f in storage.glob(pattern)})
+    """The files the corpus globs match (local or gs://), sorted, each through the read gate (a
+    FIFO or device among them would never end a read)."""
+    files = sorted({f for pattern in patterns if pattern for f in storage.glob(pattern)})
+    return [storage.readable_file(f, "corpus file") for f in files]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,7 +55,7 @@ def read_temperature(checkpoint: str) -> float | None:
 def write_temperature(workdir: str, temperature: float, fit: dict) -> None:
     import jax
     if jax.process_index() == 0:
-        storage.write_text(os.path.join(workdir, CALIBRATION_FILE), json.dumps(dict(fit, temperature=temperature),
+        storage.write_text(storage.under(workdir, CALIBRATION_FILE), json.dumps(dict(fit, temperature=temperature),
                                                                                 indent=2))
 
 
@@ -118,7 +118,8 @@ def report(task, evaluation, temperature: float | None, workdir: str) -> dict | 
         curves[f"temperature {temperature:.2f}"] = scaled
     import jax
     if jax.process_index() == 0:
-        path = os.path.join(workdir, f"reliability_{evaluation.split}.png")
+        # The split name (a task's, or --file's of finetune.evaluate) is one path component.
+        path = storage.under(workdir, f"reliability_{storage.component(evaluation.split, 'split name')}.png")
         metrics.plot_reliability(curves, path, f"{task.name} {evaluation.split}: {raw['count']} predictions")
         out["reliability_diagram"] = os.path.basename(path)
     return out

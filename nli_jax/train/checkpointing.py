@@ -42,7 +42,11 @@ def _short(error: BaseException) -> str:
 
 class Checkpointer:
     def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True, create: bool = True):
-        self.directory = os.path.join(storage.resolve(workdir), "checkpoints")
+        self.workdir = storage.resolve(workdir)
+        self.directory = os.path.join(self.workdir, "checkpoints")
+        if create:  # orbax writes in them: directories of the workdir, not links out of it
+            for name in ("checkpoints", "best"):
+                storage.output_dir(storage.under(self.workdir, name))
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
@@ -145,9 +149,9 @@ class Checkpointer:
                 target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
             targets.append(target)
         if jax.process_index() == 0:
-            storage.makedirs(target_root)
             for step, target in zip(steps, targets):
-                storage.move(os.path.join(self.directory, str(step)), target)
+                storage.move(os.path.join(self.directory, str(step)),
+                             storage.under(self.workdir, UNREADABLE_DIR, os.path.basename(target)))
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax checkpoints set aside")
@@ -159,8 +163,8 @@ class Checkpointer:
         if storage.exists(target):
             target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}"
         if jax.process_index() == 0:
-            storage.makedirs(os.path.dirname(target))
-            storage.move(os.path.join(str(self.best.directory), str(step)), target)
+            storage.move(os.path.join(str(self.best.directory), str(step)),
+                         storage.under(self.workdir, UNREADABLE_DIR, os.path.basename(target)))
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax best set aside")

@@ -38,6 +38,20 @@ def user_errors() -> tuple[type, ...]:
     return DataError, ConfigError, CheckpointError, RunError, FileNotFoundError
 
 
+def _quiet_closed_loops(hook):
+    """sys.unraisablehook without the tracebacks of callbacks that land on an asyncio event loop
+    that has closed: tensorstore completing the writes of a save that orbax stopped waiting for
+    (a full disk failed one of them), one per array. Nothing is lost: the save's own error is the
+    command's one line."""
+    def quiet(unraisable):
+        value = unraisable.exc_value
+        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        hook(unraisable)
+    quiet.__wrapped__ = hook
+    return quiet
+
+
 def report_error(error: BaseException) -> None:
     import logging
     message = "error: " + " ".join(str(error).split()) if str(error) else f"error: {type(error).__name__}"
@@ -49,12 +63,27 @@ def report_error(error: BaseException) -> None:
 
 
 def _reporting_input_errors(main):
-    """`main` with config-key mistakes and input errors reported as one line (exit status 1)."""
+    """`main` with config-key mistakes, input errors and errors of the machine (a read-only file
+    system, a full disk, too many open files: nli_jax.errors.environment_problem) reported as one
+    line (exit status 1). What libraries log about the latter on their own (orbax's background
+    writers' tracebacks) is dropped: the one line says it."""
     def wrapped(argv):
+        import logging
+
+        from nli_jax.errors import EnvironmentLogFilter, environment_problem
+        for handler in logging.getLogger().handlers:  # absl's handler: where orbax's records go
+            handler.addFilter(EnvironmentLogFilter())
+        sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
         try:
             return main(argv)
         except user_errors() as e:
             report_error(e)
+            sys.exit(1)
+        except Exception as e:
+            problem = environment_problem(e)
+            if problem is None:
+                raise
+            report_error(RunError(problem))
             sys.exit(1)
     return wrapped
 
@@ -111,15 +140,51 @@ def run_tool(main) -> None:
 
 
 def parse_flags(argv):
-    """absl's flag parsing; a config override naming no field is reported as one line."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        problem = _config_key_problem(argv) or f"flag parsing: {' '.join(str(e).split())}"
-    except Exception as e:  # ml_collections raises AttributeError/KeyError for unknown fields
-        problem = _config_key_problem(argv) or f"flag parsing: {type(e).__name__}: {' '.join(str(e).split())}"
+    """absl's flag parsing; a config override naming no field, a config file that is not a
+    regular file (a FIFO would block its import) and an error of the config file's own (an
+    unknown variant) are reported as one line."""
+    problem = _config_file_problem(argv)
+    if problem is None:
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            problem = (_config_key_problem(argv) or _config_load_problem(argv, e)
+                       or f"flag parsing: {' '.join(str(e).split())}")
+        except Exception as e:  # ml_collections raises AttributeError/KeyError for unknown fields
+            problem = _config_key_problem(argv) or f"flag parsing: {type(e).__name__}: {' '.join(str(e).split())}"
     sys.stderr.write(f"error: {problem}\n")
     sys.exit(1)
+
+
+def _config_values(argv):
+    """(flag name, value) of every --<config flag>=FILE[:variant] of the command line."""
+    for arg in argv[1:]:
+        match = re.match(r"^--?(\w+)=(.*)$", arg)
+        if match and match.group(1) in FLAGS and _is_config_flag(FLAGS[match.group(1)]):
+            yield match.group(1), match.group(2)
+
+
+def _config_file_problem(argv) -> str | None:
+    """The read gate for config files, before ml_collections imports them."""
+    from nli_jax import storage
+    for name, value in _config_values(argv):
+        try:
+            storage.readable_file(value.split(":", 1)[0], "config file")
+        except (storage.StorageError, FileNotFoundError) as e:
+            return f"--{name}={value}: {e}"
+    return None
+
+
+def _config_load_problem(argv, error: BaseException) -> str | None:
+    """`--config=FILE:variant: <the config file's own error>` for an exception its get_config
+    raised (ml_collections passes it on as a whole traceback in the flag error's text)."""
+    text = str(error)
+    if "Error whilst parsing config file" not in text:
+        return None
+    last = [line for line in text.splitlines() if line.strip()][-1].strip()
+    message = re.sub(r"^(?:[\w.]+(?:Error|Exception)): ", "", last)
+    value = next((f"--{n}={v}" for n, v in _config_values(argv) if v in text), "--config")
+    return f"{value}: {message}"
 
 
 def _is_config_flag(flag) -> bool:
@@ -242,14 +307,21 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
     return config
 
 
-def parse_files(assignments) -> dict[str, str]:
-    """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}."""
+def parse_files(assignments, flag: str = "--file") -> dict[str, str]:
+    """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}. A name is a
+    split name, which becomes part of file names (reliability_<name>.png): one path component."""
     import os
+
+    from nli_jax import storage
     out = {}
     for item in assignments:
         name, sep, path = item.partition("=")
         if not sep:
             name, path = os.path.splitext(os.path.basename(item))[0], item
+        try:
+            storage.component(name, "split name")
+        except storage.UnsafePathError as e:
+            raise CommandLineError(f"{flag}={item}: {e}") from None
         if name in out:
             raise CommandLineError(f"input name {name!r} given twice")
         out[name] = path

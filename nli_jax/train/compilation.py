@@ -78,8 +78,7 @@ def configure_cache(directory: str | None) -> str | None:
         return None
     else:
         from nli_jax import storage
-        directory = storage.resolve(directory)
-        storage.makedirs(directory)
+        directory = storage.makedirs(storage.under(directory))  # JAX writes its cache entries in it
         jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

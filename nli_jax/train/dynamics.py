@@ -107,7 +107,7 @@ class Recorder:
     each example is recorded once per epoch even where a batch spans two epochs."""
 
     def __init__(self, workdir: str, meta: dict, *, global_batch: int, every_steps: int = 0):
-        self.directory = os.path.join(workdir, DIRECTORY)
+        self.workdir, self.directory = workdir, os.path.join(workdir, DIRECTORY)
         self.meta = dict(meta, mode=f"every {every_steps} steps" if every_steps else "epoch")
         self.global_batch, self.examples, self.every_steps = global_batch, int(meta["train_examples"]), every_steps
         self._pending: list[tuple[np.ndarray, dict]] = []  # (pass per row, device arrays) since the last write
@@ -123,7 +123,7 @@ class Recorder:
             if s is not None and s > step:
                 storage.remove(os.path.join(self.directory, name))
         if storage.read_json_object(os.path.join(self.directory, META)) is None:
-            storage.write_text(os.path.join(self.directory, META), json.dumps(self.meta, indent=2, sort_keys=True))
+            storage.write_text(storage.under(self.workdir, DIRECTORY, META), json.dumps(self.meta, indent=2, sort_keys=True))
 
     def training_step(self, step: int, per_example: dict) -> None:
         """The outputs of training step `step` (1-based): each row's epoch is its pass."""
@@ -155,7 +155,7 @@ class Recorder:
             return
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.concatenate(v) for k, v in rows.items()})
-        storage.write_bytes(os.path.join(self.directory, _chunk_name(step)), buffer.getvalue())
+        storage.write_bytes(storage.under(self.workdir, DIRECTORY, _chunk_name(step)), buffer.getvalue())
 
 
 class DynamicsHook(hooks.RunHook):

@@ -31,7 +31,8 @@ class InputsChangedError(RunError):
 
 
 def file_digest(path: str) -> str:
-    size = storage.path(path).stat().length
+    """The digest of a regular file (the read gate first: a FIFO or /dev/zero would never end)."""
+    size = storage.path(storage.readable_file(path, "input file")).stat().length
     h = hashlib.sha256()
     with storage.open(path, "rb") as f:
         if size <= WHOLE_FILE_LIMIT:
@@ -124,4 +125,4 @@ def write_inputs(workdir: str, current: dict) -> None:
     import jax
     if jax.process_index() != 0:
         return
-    storage.write_text(os.path.join(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))
+    storage.write_text(storage.under(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))

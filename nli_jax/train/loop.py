@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from nli_jax import storage
 from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
@@ -52,10 +53,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     with workdir_lib.lock(workdir, "training"):  # one command at a time in a workdir
         if not plan.seeds:
             return run_one(plan, workdir)
-        per_seed = {seed: run_one(seed_plan, os.path.join(workdir, f"seed_{seed}"))
+        # Each seed's run in W/seed_<s>, a directory of W (not a link out of it).
+        per_seed = {seed: run_one(seed_plan, storage.makedirs(storage.under(workdir, f"seed_{seed}")))
                     for seed, seed_plan in seed_plans.items()}
         summary = aggregate_seeds(per_seed)
-        write_json(os.path.join(workdir, "results.json"), summary)
+        write_json(storage.under(workdir, "results.json"), summary)
         return summary
 
 
@@ -79,6 +81,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     """One run: set up and checked before anything is written, trained (or resumed), its best
     parameters evaluated on every split; returns (and writes) results.json."""
     setup_logging(workdir)
+    workdir_lib.check_no_links(workdir)  # (a seed's run: W/seed_<s>) nothing it writes goes through a link
     compiled_before = compilation.totals()
     run, steps, train_source, inputs = checked_setup(plan, workdir)
     workdir_lib.write_config(workdir, plan.config_json)
@@ -96,12 +99,12 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
              results["compilation"])
     workdir_lib.check_still_there(workdir, "results.json, predictions.jsonl and the exports were")
     if plan.export_final:  # the final parameters: pretraining's export (fine-tunes with model.init)
-        results["export"] = export(run, state["params"], os.path.join(workdir, "export"))
+        results["export"] = export(run, state["params"], storage.makedirs(storage.under(workdir, "export")))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
-        results["export_best"] = export(run, params, os.path.join(workdir, "export_best"),
+        results["export_best"] = export(run, params, storage.makedirs(storage.under(workdir, "export_best")),
                                         fields=run_hooks.export_fields(run.hooks))
-    write_json(os.path.join(workdir, "results.json"), results)
-    write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+    write_json(storage.under(workdir, "results.json"), results)
+    write_jsonl(storage.under(workdir, "predictions.jsonl"), records)
     workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=steps.total_steps,
                             best_step=bookkeeping["best_step"])
     return results

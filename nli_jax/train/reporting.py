@@ -17,6 +17,7 @@ log = logging.getLogger("nli_jax")
 def setup_logging(workdir: str) -> None:
     """Log to stdout and <workdir>/train.log (process 0 writes the file)."""
     log.setLevel(logging.INFO)
+    log.propagate = False  # first: a refused train.log below leaves one handler, not absl's as well
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers):
         stream = logging.StreamHandler()
@@ -27,10 +28,9 @@ def setup_logging(workdir: str) -> None:
         h.close()
     if jax.process_index() == 0:
         # On gs:// a local file uploaded every few seconds (an object cannot be appended to).
-        file = logging.FileHandler(storage.synced_local_file(os.path.join(workdir, "train.log")))
+        file = storage.LogFile(storage.under(workdir, "train.log"))  # gs://: uploaded every few seconds
         file.setFormatter(fmt)
         log.addHandler(file)
-    log.propagate = False
 
 
 class Reporter:
@@ -51,7 +51,7 @@ class Reporter:
         self.writer = None
         if jax.process_index() == 0:
             from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(storage.synced_local_dir(os.path.join(workdir, "tensorboard")))
+            self.writer = SummaryWriter(storage.output_dir(storage.under(workdir, "tensorboard"), synced=True))
 
     def count(self, examples: int, tokens: int) -> None:
         self.examples += examples
@@ -74,7 +74,7 @@ class Reporter:
         rate = done / max(now - self.start_time, 1e-9)
         eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
         if jax.process_index() == 0:
-            with open(storage.synced_local_file(os.path.join(self.workdir, "metrics.jsonl")), "a", encoding="utf-8") as f:
+            with storage.open_append(storage.under(self.workdir, "metrics.jsonl")) as f:
                 f.write(json.dumps({"step": step, "epoch": round(epoch, 4), **scalars}) + "\n")
         extra = "".join(f" {k[6:]} {scalars[k]:.3f}" for k in (*(f"train/{n}" for n in named), "train/mfu")
                         if k in scalars)
@@ -104,13 +104,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def write_json(path: str, obj) -> None:
+def write_json(path, obj) -> None:
+    """`obj` as JSON to `path` (a storage.under(...) OutputPath), by process 0."""
     if jax.process_index() != 0:
         return
     storage.write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False))
 
 
-def write_jsonl(path: str, rows) -> None:
+def write_jsonl(path, rows) -> None:
+    """One JSON line per row to `path` (a storage.under(...) OutputPath), by process 0."""
     if jax.process_index() != 0:
         return
     storage.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -102,14 +102,6 @@ def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, sp
     return run, params
 
 
-def _own_output(output: str, checkpoint: str, flag: str) -> None:
-    """A tool writes to a directory of its own: not the run it reads, nor another run."""
-    if storage.resolve(output) == storage.resolve(checkpoint):
-        raise RunError(f"{flag}={output} is the --checkpoint it reads: a tool never rewrites a run (its config.json "
-                       "and results.json would be replaced); give a directory of its own")
-    workdir_lib.refuse_a_run(output, flag)
-
-
 def _checkpoint_setup(plan, workdir, checkpoint: str, splits=None, need_labels=False):
     """RunSetup and parameters for a checkpoint: a run's best, or a Hugging Face directory's."""
     found = resolve_checkpoint(checkpoint)
@@ -132,7 +124,7 @@ def _hf_label_names(directory: str) -> list[str] | None:
 
 def _check_checkpoint(checkpoint: str, output: str, flag: str, allow_unfinished: bool, task) -> None:
     """Before any file is read: the output is the tool's own, and a run's parameters are final."""
-    _own_output(output, checkpoint, flag)
+    workdir_lib.check_tool_output(output, flag, reads=[checkpoint])
     if resolve_checkpoint(checkpoint)["kind"] == "run":
         workdir_lib.require_finished(checkpoint, allow_unfinished)
     if type(task).read_file is Task.read_file:
@@ -167,8 +159,8 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str, files: dict[str, 
         results, records = final_evaluation(run, params, eval_splits, hooks=hooks)
         results["checkpoint"] = checkpoint
         results["files"] = files
-        write_json(os.path.join(workdir, "results.json"), results)
-        write_jsonl(os.path.join(workdir, "predictions.jsonl"), records)
+        write_json(storage.under(workdir, "results.json"), results)
+        write_jsonl(storage.under(workdir, "predictions.jsonl"), records)
     return results
 
 
@@ -206,5 +198,5 @@ def predict_files(config, output_dir: str, checkpoint: str, files: dict[str, str
                 predicted = hook.predictions(predicted, outputs)
             records.extend(predicted)
             log.info("predicted %s: %d examples from %s", name, len(examples), files[name])
-        write_jsonl(os.path.join(output_dir, "predictions.jsonl"), records)
+        write_jsonl(storage.under(output_dir, "predictions.jsonl"), records)
     return records
