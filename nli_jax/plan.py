@@ -143,9 +143,11 @@ def remat_policy_name(value):
 
 
 def mesh_rules_without_layers(rules):
-    """mesh.rules less a ("layers", None) rule: an older config without it meant the same (a name
-    with no rule maps to no mesh axis), so a workdir it wrote still resumes."""
-    return type(rules)(r for r in rules if list(r) != ["layers", None]) if isinstance(rules, (list, tuple)) else rules
+    """mesh.rules less its (name, None) rules: a name with no rule maps to no mesh axis, as a rule
+    to None does, so an older config without today's ("layers", None), ("qkv", None) or
+    ("glu", None) means the same run and a workdir it wrote still resumes."""
+    return type(rules)(r for r in rules if not (isinstance(r, (list, tuple)) and len(r) == 2 and r[1] is None)) \
+        if isinstance(rules, (list, tuple)) else rules
 
 
 # Config keys whose values from an older nli-jax mean one of today's: the workdir check compares a
