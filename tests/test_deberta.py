@@ -626,3 +626,22 @@ def test_fsdp_and_tensor_meshes_shard_deberta_and_train_as_data_parallel(tmp_pat
         for name, want in by_mesh.items():
             assert spec(name, path) == want, (name, path, spec(name, path))
 
+
+def test_the_mdeberta_config_carries_its_model_cards_xnli_recipe():
+    """configs/indonli_mdeberta.py: mDeBERTa-v3-base's model card's run_xnli.py command (8 x 4,
+    lr 2e-5, 6 epochs, 3000 warmup steps, 256 tokens) with the Trainer's defaults; its cpu_test
+    plans the tiny-deberta-v3 preset from scratch."""
+    from conftest import config_for
+    from nli_jax.models import preset
+    from nli_jax.train.planner import build_plan
+    c = config_for("indonli_mdeberta")
+    assert (c.model.init, c.optimizer.name, c.optimizer.lr, c.optimizer.schedule, c.optimizer.weight_decay,
+            c.optimizer.eps, c.optimizer.grad_clip, c.train.batch_size, c.train.num_epochs, c.data.max_seq_length,
+            c.train.early_stopping_patience) == ("microsoft/mdeberta-v3-base", "adamw", 2e-5, "linear", 0.0, 1e-8, 1.0,
+                                                 32, 6, 256, 0)
+    assert round(c.optimizer.warmup_ratio * 6 * 12_272) == 3000  # 392,702 MNLI pairs at 32: 12,272 steps an epoch
+    plan = build_plan(config_for("indonli_mdeberta:cpu_test"), training=False)
+    assert (plan.model.init, plan.model.preset) == ("", "tiny-deberta-v3")
+    config = preset("tiny-deberta-v3")
+    assert config.model_type == "deberta-v2" and config.family_options.share_att_key
+    assert EncoderConfig.from_hf_dict(config.to_hf_dict()) == config
