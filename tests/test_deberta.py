@@ -626,3 +626,48 @@ def test_fsdp_and_tensor_meshes_shard_deberta_and_train_as_data_parallel(tmp_pat
         for name, want in by_mesh.items():
             assert spec(name, path) == want, (name, path, spec(name, path))
 
+
+def test_the_mdeberta_config_carries_its_model_cards_xnli_recipe():
+    """configs/indonli_mdeberta.py: mDeBERTa-v3-base's model card's run_xnli.py command (8 x 4,
+    lr 2e-5, 6 epochs, 3000 warmup steps, 256 tokens) with the Trainer's defaults; its cpu_test
+    plans the tiny-deberta-v3 preset from scratch."""
+    from conftest import config_for
+    from nli_jax.models import preset
+    from nli_jax.train.planner import build_plan
+    c = config_for("indonli_mdeberta")
+    assert (c.model.init, c.optimizer.name, c.optimizer.lr, c.optimizer.schedule, c.optimizer.weight_decay,
+            c.optimizer.eps, c.optimizer.grad_clip, c.train.batch_size, c.train.num_epochs, c.data.max_seq_length,
+            c.train.early_stopping_patience) == ("microsoft/mdeberta-v3-base", "adamw", 2e-5, "linear", 0.0, 1e-8, 1.0,
+                                                 32, 6, 256, 0)
+    assert round(c.optimizer.warmup_ratio * 6 * 12_272) == 3000  # 392,702 MNLI pairs at 32: 12,272 steps an epoch
+    plan = build_plan(config_for("indonli_mdeberta:cpu_test"), training=False)
+    assert (plan.model.init, plan.model.preset) == ("", "tiny-deberta-v3")
+    config = preset("tiny-deberta-v3")
+    assert config.model_type == "deberta-v2" and config.family_options.share_att_key
+    assert EncoderConfig.from_hf_dict(config.to_hf_dict()) == config
+
+
+def test_the_base_model_and_the_multi_aspect_model_round_trip(tmp_path):
+    """EncoderModel exports as DebertaV2Model (no pooler: the base model has none) with its hidden
+    states; a multi-aspect model (CASA, HoASA) reads the ContextPooler and round-trips in
+    nli-jax, its encoder loading in transformers as DebertaV2Model."""
+    from nli_jax.models import EncoderModel, ForMultiAspectClassification, preset
+    config = preset("tiny-deberta-v3")
+    batch = _batch(config.vocab_size, 40)
+    model = EncoderModel(config, rngs=nnx.Rngs(0))
+    assert model.encoder.pooler is None
+    model.save_pretrained(str(tmp_path / "base"))
+    reference, info = transformers.DebertaV2Model.from_pretrained(str(tmp_path / "base"), output_loading_info=True)
+    assert not any(info.values()), info
+    with torch.no_grad():
+        hidden = reference.eval()(input_ids=torch.tensor(batch["input_ids"]),
+                                  attention_mask=torch.tensor(batch["attention_mask"])).last_hidden_state.numpy()
+    ours = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])["hidden_states"]
+    assert np.abs(np.asarray(ours) - hidden)[batch["attention_mask"] == 1].max() <= TOLERANCE
+    aspects = ForMultiAspectClassification(config, num_aspects=6, num_labels=3, rngs=nnx.Rngs(0))
+    aspects.save_pretrained(str(tmp_path / "aspects"))
+    again = nli_jax.from_pretrained(str(tmp_path / "aspects"), task="multi_aspect_classification")
+    np.testing.assert_array_equal(_logits(aspects, batch), _logits(again, batch))
+    _, info = transformers.DebertaV2Model.from_pretrained(str(tmp_path / "aspects"), output_loading_info=True)
+    assert not info["missing_keys"] and set(info["unexpected_keys"]) == {
+        "pooler.dense.weight", "pooler.dense.bias", "classifier.weight", "classifier.bias"}

@@ -5,7 +5,10 @@ checkpoints use a 50,000 vocabulary; a checkpoint's config.json always wins over
 """
 from __future__ import annotations
 
+import dataclasses
+
 from nli_jax.models.config import ConfigError, EncoderConfig
+from nli_jax.models.deberta import DebertaOptions
 
 _BERT = dict(model_type="bert", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
              max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
@@ -15,6 +18,14 @@ _ALBERT = dict(model_type="albert", hidden_act="gelu", hidden_dropout_prob=0.0, 
 
 _ELECTRA = dict(model_type="electra", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
+
+# DeBERTa-v3's attention (mDeBERTa-v3-base's config.json): relative positions in 256 log buckets,
+# keys shared with the content, no absolute positions, no token types.
+_DEBERTA_V3 = dict(model_type="deberta-v2", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                   max_position_embeddings=512, type_vocab_size=0, initializer_range=0.02, layer_norm_eps=1e-7,
+                   family_options=DebertaOptions(relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                                                 share_att_key=True, pos_att_type=("p2c", "c2p"),
+                                                 position_biased_input=False))
 
 PRESETS: dict[str, dict] = {
     "indobert-base": dict(_BERT, num_hidden_layers=12, num_attention_heads=12, hidden_size=768, intermediate_size=3072),
@@ -45,6 +56,11 @@ PRESETS: dict[str, dict] = {
                          embedding_size=32, vocab_size=1000, max_position_embeddings=128),
     "tiny-albert": dict(_ALBERT, num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128,
                         embedding_size=32, vocab_size=1000, max_position_embeddings=128),
+    # DeBERTa-v3's attention at tiny-bert-4heads' shape (configs/indonli_mdeberta.py:cpu_test); 32
+    # buckets, so that its 64-token rows reach the log-bucketed distances.
+    "tiny-deberta-v3": dict(_DEBERTA_V3, num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                            intermediate_size=128, vocab_size=1000, max_position_embeddings=128,
+                            family_options=dataclasses.replace(_DEBERTA_V3["family_options"], position_buckets=32)),
 }
 
 # Parameter counts reported by the IndoNLU paper (Table 2).
@@ -82,4 +98,9 @@ PUBLISHED_SHAPES: dict[str, dict] = {
     "dccuchile/bert-base-spanish-wwm-cased": dict(_HF_BERT, **_HF_BASE, vocab_size=31002),
     "google-bert/bert-base-multilingual-cased": dict(_HF_BERT, **_HF_BASE, vocab_size=119547),
     "google-bert/bert-base-multilingual-uncased": dict(_HF_BERT, **_HF_BASE, vocab_size=105879),
+    "microsoft/mdeberta-v3-base": dict(_HF_BASE, model_type="deberta-v2", hidden_act="gelu", vocab_size=251000,
+                                       max_position_embeddings=512, relative_attention=True, position_buckets=256,
+                                       norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+                                       layer_norm_eps=1e-7, max_relative_positions=-1, position_biased_input=False,
+                                       type_vocab_size=0),
 }
