@@ -71,6 +71,38 @@ def test_builder_writes_array_record_and_reads_it_back(tmp_path):
     assert got == expected
 
 
+def _record_order(splits):
+    return {name: [source[i]["idx"] for i in range(len(source))] for name, source in splits.items()}
+
+
+def test_a_split_past_tfds_memory_buffer_is_written_without_tensorflow(tmp_path, monkeypatch):
+    """tfds spills a split of over 1 GiB (its MAX_MEM_BUFFER_SIZE) through tf.io.gfile, and
+    TensorFlow is not installed: with the buffer at 1 byte every split crosses it here, and the
+    records come back complete and in the order of an ordinary build."""
+    from tensorflow_datasets.core import shuffle
+    ordinary = _record_order(nli.prepare("indonli", fixture_path("nli_tiny"), str(tmp_path / "ordinary")))
+    monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 1)
+    splits = nli.prepare("indonli", fixture_path("nli_tiny"), str(tmp_path / "spilled"))
+    assert _record_order(splits) == ordinary
+    assert shuffle.MAX_MEM_BUFFER_SIZE == 1  # the library's own limit is restored
+
+
+@pytest.mark.slow
+def test_a_training_split_over_one_gib_is_written_and_read_back(tmp_path):
+    """1.1 GiB of training records (1,100 pairs with 1 MiB premises), past tfds' own in-memory
+    limit, through the same writer (array_record compresses them to a few MiB on disk)."""
+    from tensorflow_datasets.core import shuffle
+    from nli_jax.data import records
+    premise = "kata " * 209_716  # 1 MiB
+    train = [{"idx": i, "premise": premise, "hypothesis": f"hipotesis {i}", "label": i % 3} for i in range(1100)]
+    (tmp_path / "source.txt").write_text("one source file")
+    splits = records.prepare_records("big", {"train": train}, [str(tmp_path / "source.txt")], str(tmp_path / "tfds"))
+    assert len(premise.encode()) * len(train) > max(shuffle.MAX_MEM_BUFFER_SIZE, 1 << 30)
+    got = splits["train"]
+    assert len(got) == 1100 and sorted(got[i]["idx"] for i in range(1100)) == list(range(1100))
+    assert got[7]["premise"] == premise
+
+
 def test_real_indonli_counts(shared_data, tmp_path):
     examples = nli.load_examples(nli.INDONLI, str(shared_data / "indonli"))
     assert len(examples["train"]) == 10330 and len(examples["validation"]) == 2197

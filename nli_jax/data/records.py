@@ -6,6 +6,7 @@ served stale. With several processes, process 0 writes and the others wait, then
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -91,6 +92,25 @@ def _builder_class():
     return RecordsBuilder
 
 
+_SORT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _records_sorted_in_memory():
+    """tfds' writer sorts a split's records by key in memory up to 1 GiB and spills beyond that
+    into temporary buckets through tf.io.gfile, i.e. TensorFlow, which nli-jax does not install.
+    The examples are in memory already (the reader made them), so sorting their records there
+    costs their size once more and writes them in the same order as the buckets would."""
+    from tensorflow_datasets.core import shuffle
+    with _SORT_LOCK:
+        limit = shuffle.MAX_MEM_BUFFER_SIZE
+        shuffle.MAX_MEM_BUFFER_SIZE = float("inf")
+        try:
+            yield
+        finally:
+            shuffle.MAX_MEM_BUFFER_SIZE = limit
+
+
 def prepare_records(name: str, examples: dict[str, list[dict]], source_files, data_dir: str,
                     description: str = "") -> dict[str, "RecordSource"]:
     """Writes {split: [example dicts with 'idx']} as array_record; returns random-access sources."""
@@ -115,7 +135,8 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
 
     def prepare(builder):
         try:
-            builder.download_and_prepare()
+            with _records_sorted_in_memory():
+                builder.download_and_prepare()
         except Exception as e:
             from nli_jax.errors import disk_full, no_space_left
             if no_space_left(e):
