@@ -209,7 +209,7 @@ def test_evaluate_predict_and_export_apply_the_stored_temperature(run, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert exported["nli_jax"]["temperature"] == temperature
-    # What the README tells a transformers user: softmax(logits / temperature).
+    # What docs/finetuning.md (Calibration) tells a transformers user: softmax(logits / temperature).
     import torch
     import transformers
 
