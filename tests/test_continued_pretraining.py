@@ -49,7 +49,8 @@ def _heldout_batches_and_reference(config, workdir):
     recorded, masking = [], run.evaluator.batching
 
     class Recording:  # the run's MLM batching, keeping each evaluation batch
-        random, bucketed, needs_global_lengths = True, False, False
+        def __getattr__(self, name):  # the rest of the batching protocol is the run's own
+            return getattr(masking, name)
 
         def evaluation(self, rows, *, min_length=0, rng=None):
             batch = masking.evaluation(rows, min_length=min_length, rng=rng)
