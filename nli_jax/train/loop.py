@@ -172,7 +172,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     step in this process, if any, so the final evaluation need not repeat it)."""
     task, plan, hooks = run.task, run.plan, run.hooks
     tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
-X
+                                  warmup_steps=steps.warmup_steps, unit_peak=True)  # over the cap
     state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule)
     batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
