@@ -106,6 +106,17 @@ def test_the_budget_fixes_the_total_once_and_a_resumed_run_keeps_it():
     assert budget_steps(no_budget, steps, {}, lambda n: 1 / 0) is steps
 
 
+def test_the_objective_continues_a_modernbert_without_a_sentence_task_only():
+    """Continuable families come from the family table: ModernBERT's own masked-LM head (the
+    crammed recipe's phase 2 or continued pretraining of its export), not with an NSP head."""
+    from configs.pretrain import indobert_base
+    from nli_jax.tasks import create_task
+    from nli_jax.train.planner import build_plan
+    assert "modernbert" in create_task(_plan()).continuable()
+    nsp = create_task(build_plan(indobert_base.get_config("cpu_test"), training=False))
+    assert nsp.continuable() == ("bert", "albert")
+
+
 def _pretrain(workdir, *overrides, popen=False):
     command = [sys.executable, "-m", "pretrain.main", f"--config={CONFIG}:cpu_test", f"--workdir={workdir}", *overrides]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
@@ -142,6 +153,10 @@ def test_cpu_test_pretrains_a_modernbert_that_transformers_loads_with_our_logits
     gap = np.abs(theirs - mine)[mask > 0].max()
     print(f"max |transformers - nli-jax| MLM logits: {gap:.2e} (logits up to {np.abs(mine).max():.2f})")
     assert gap < 1e-4
+    # The export continues (phase 2, or continued pretraining): the objective takes a ModernBERT.
+    again = _pretrain(tmp_path / "continued", f"--config.model.init={export}", "--config.train.max_steps=4",
+                      "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4")
+    assert again["steps"] == 4 and export in (tmp_path / "continued" / "train.log").read_text()
 
 
 @pytest.mark.slow  # three runs of the command line, about a minute on 2 cores: python -m pytest -m slow
@@ -170,6 +185,7 @@ def test_a_budgeted_run_killed_and_resumed_ends_as_an_uninterrupted_run_of_its_s
     assert 20 < total < 2000, state  # fixed by the budget, under the cap
     resumed = _pretrain(workdir, *budget)
     log = (workdir / "train.log").read_text()
+    print(next(line for line in log.splitlines() if " budget " in line))
     assert "resumed from" in log and f"{total} steps, as fixed when the run started" in log
     assert resumed["steps"] == total == json.loads((workdir / "run.json").read_text())["step"]
     reference = _pretrain(tmp_path / "reference", *budget[1:], "--config.train.budget_minutes=0",
