@@ -91,7 +91,7 @@ def main():
                              initializer_range=args.init_range, max_position_embeddings=max(128, args.length))
     c.pretrain.sentence_task = "none"
     c.pretrain.examples_dir = examples_dir
-    c.pretrain.max_predictions = max(1, round(0.15 * args.length + 0.49))
+    c.task_options.max_predictions = max(1, round(0.15 * args.length + 0.49))
     c.pretrain.heldout_examples = 1000
     c.data.max_seq_length = args.length
     c.data.workers = 0
