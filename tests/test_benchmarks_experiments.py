@@ -3,6 +3,7 @@ budgets and slices of the real data, and write what their JSON promises (figures
 quotients of their sides, the machine). Their results at full size are in docs/."""
 import json
 
+import numpy as np
 import pytest
 
 from benchmark_runs import assert_ratio, run_benchmark
@@ -192,3 +193,59 @@ def test_dynamics_and_calibration_indonli(shared_data, minilm_dir, tmp_path):
     assert_ratio(result, "with_over_without_dynamics_examples_per_s", rates["with_dynamics"], rates["without"])
     for split in ("validation", "test_lay"):
         assert 0 <= result["calibration"][split]["raw"]["ece"] <= 1
+
+
+@pytest.mark.slow  # 20 steps of nli-jax's crammed step and of transformers' ModernBertForMaskedLM: ~a minute
+def test_crammed_vs_transformers(recipe_run, tmp_path):
+    """Both sides train on every one of the loop's batches with the same triangle and ramp (an update
+    every second step once the ramp is done), from about ln(2,000) each, and stay close."""
+    work, data, _ = recipe_run
+    _, result = run_benchmark("benchmarks.experiments.crammed_vs_transformers", f"--workdir={work}",
+                              f"--data={data}", "--steps=20", "--window=10", tmp_path=tmp_path, timeout=900)
+    curves = result["curves"]
+    assert len(curves["nli-jax"]) == len(curves["transformers"]) == 20 and result["steps"] == 20
+    assert all(abs(curves[side][0] - np.log(2000)) < 0.3 for side in ("nli-jax", "transformers"))
+    # cpu_learn's ramp: k from 1 to 4 at 60% of the 20 steps; the last step always updates.
+    assert curves["update"][0] and curves["update"][-1] and 5 <= result["updates"] < 20
+    assert curves["lr"][0] == 0.0 and max(curves["lr"]) == pytest.approx(1e-3, rel=0.05)
+    assert result["max_gap"]["per_step"] == pytest.approx(
+        max(abs(a - b) for a, b in zip(curves["nli-jax"], curves["transformers"])))
+    assert result["max_gap"]["per_step"] < 0.3
+    assert_ratio(result, "nli_jax_over_transformers_seconds", result["curves"]["seconds"]["nli-jax"],
+                 result["curves"]["seconds"]["transformers"])
+    assert (work / "crammed_vs_transformers.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two budgeted runs of 6 s of training steps each, with their evaluations: ~a minute or two
+def test_crammed_vs_bert(recipe_run, tmp_path):
+    """Each arm's steps come from the same budget (its own step time), its held-out curve with wall
+    times; the exports exist for downstream_gain."""
+    work, data, _ = recipe_run
+    _, result = run_benchmark("benchmarks.experiments.crammed_vs_bert", f"--workdir={work}", f"--data={data}",
+                              "--minutes=0.1", "--eval_every=40", tmp_path=tmp_path, timeout=900)
+    for arm in ("bert", "crammed"):
+        curve = result["curves"][arm]
+        assert curve[-1]["step"] == result["steps"][arm] > 0
+        assert all(r["seconds"] is not None and 0 <= r["mlm_accuracy"] <= 1 for r in curve)
+        config = json.loads((work / "runs" / f"budget_{arm}_0.1" / "export" / "config.json").read_text())
+        assert config["model_type"] == {"bert": "bert", "crammed": "modernbert"}[arm]
+        state = json.loads((work / "runs" / f"budget_{arm}_0.1" / "run.json").read_text())
+        assert state["total_steps"] == result["steps"][arm]
+    assert_ratio(result, "crammed_over_bert_steps", result["steps"]["crammed"], result["steps"]["bert"])
+    assert (work / "crammed_vs_bert.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two tiny programs through the TPU compiler (libtpu) on this host: about a minute
+def test_crammed_tpu_projection(tmp_path):
+    """Each row's FLOPs per token, tokens per hour and day's tokens follow from launch.compile's own
+    report (the compiler's count and step time)."""
+    _, result = run_benchmark("benchmarks.experiments.crammed_tpu_projection", f"--workdir={tmp_path / 'w'}",
+                              "--rows=configs/pretrain/crammed.py:cpu_test@v3-8@--config.model.attention=plain,"
+                              "configs/pretrain/indobert_base.py:cpu_test@v3-8@", tmp_path=tmp_path, timeout=900)
+    crammed, bert = result["rows"]
+    assert (crammed["tokens_per_step"], bert["tokens_per_step"]) == (16 * 64, 16 * 64)
+    for row in (crammed, bert):
+        assert row["fits"] and row["step_seconds"] > 0
+        assert row["tokens_per_hour"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"] * 3600)
+        assert row["compiler_flops_per_token"] == pytest.approx(row["formula_flops_per_token"], rel=0.5)
+    assert_ratio(result, "first_over_last_tokens_per_hour", crammed["tokens_per_hour"], bert["tokens_per_hour"])
