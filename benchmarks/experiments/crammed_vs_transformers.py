@@ -2,6 +2,8 @@
 ModernBertForMaskedLM (issue 41, item 4).
 
     python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/recipe_search --steps=1000
+    python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/recipe_search --steps=100 \
+        --same_init --ramp_fraction=0.05     # both from nli-jax's initial parameters: the update rules alone
     python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/s --steps=20   # smoke run
 
 Data: as benchmarks.experiments.pretrain_vs_transformers (id_corpus_sample, a 2,000-piece
@@ -14,7 +16,8 @@ embeddings), the one-cycle triangle, the batch ramp (an update every k steps on 
 k from 1 to 4 at 60% of the run), clipping at 0.5.
 
 transformers: `ModernBertForMaskedLM` of the same config.json (nli-jax's export of the shape:
-modernbert.to_hf) with its own initialisation, trained by a PyTorch loop on the very same batches
+modernbert.to_hf) with its own initialisation (--same_init: nli-jax's initial parameters, exported
+and loaded by from_pretrained), trained by a PyTorch loop on the very same batches
 with the same optimizer: torch AdamW with decay on the Linear and embedding weights only, the same
 triangle, the same ramp (gradients summed over k steps, divided by k, clipped at 0.5, one step),
 loss = mean cross-entropy over the batch's masked positions (the logits computed there only,
@@ -56,14 +59,16 @@ def set_up(config, workdir: str):
     return plan, run, steps, train_source
 
 
-def torch_side(run, plan):
-    """(model, optimizer, decayed names) of transformers' ModernBertForMaskedLM of the run's shape."""
+def torch_side(run, plan, same_init: str = ""):
+    """(model, optimizer) of transformers' ModernBertForMaskedLM of the run's shape: its own
+    initialisation, or (`same_init`: an export of nli-jax's initial parameters) nli-jax's."""
     import torch
     from transformers import ModernBertConfig, ModernBertForMaskedLM
     from nli_jax.models import modernbert
     hf_config = {k: v for k, v in modernbert.to_hf(run.model.config).items() if k != "dtype"}
     torch.manual_seed(0)
-    model = ModernBertForMaskedLM(ModernBertConfig(**hf_config, attn_implementation="eager"))
+    model = (ModernBertForMaskedLM.from_pretrained(same_init, attn_implementation="eager") if same_init else
+             ModernBertForMaskedLM(ModernBertConfig(**hf_config, attn_implementation="eager")))
     o = plan.optimizer
     # nli_jax.train.optimizers.decay_mask: kernels and embeddings decay; norms (and biases) do not.
     named = dict(model.named_parameters())
@@ -90,7 +95,7 @@ def torch_loss(model, batch):
     return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def side_by_side(plan, run, steps, train_source) -> dict:
+def side_by_side(plan, run, steps, train_source, same_init_dir: str = "") -> dict:
     """Both sides step by step on each of the run's batches: {"nli-jax": [loss], "transformers":
     [loss], "lr": [...], "update": [bool], "seconds": {...}}."""
     import jax
@@ -103,7 +108,10 @@ def side_by_side(plan, run, steps, train_source) -> dict:
     tx, schedule = make_optimizer(plan.optimizer, total_steps=total, steps_per_epoch=steps.steps_per_epoch,
                                   warmup_steps=steps.warmup_steps, unit_peak=True)
     state, train_step = loop.initial_state_and_step(run.steps, run.params, tx, schedule)
-    model, optimizer = torch_side(run, plan)
+    if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
+        from nli_jax.train.tools import export
+        export(run, state["params"], same_init_dir)
+    model, optimizer = torch_side(run, plan, same_init_dir)
     model.train()
     k = ramp_schedule(plan.optimizer, total)
     batches = iter(loop.train_batches(run, train_source, total).iterator(0))
@@ -170,19 +178,28 @@ def main():
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--window", type=int, default=50, help="steps per mean of the loss curves")
     parser.add_argument("--png", default="", help="default <workdir>/crammed_vs_transformers.png")
+    parser.add_argument("--same_init", action="store_true",
+                        help="transformers starts from nli-jax's initial parameters (isolates the update rule)")
+    parser.add_argument("--ramp_fraction", type=float, default=0.0,
+                        help="optimizer.batch_ramp_fraction (default: the recipe's 0.6)")
     args = parser.parse_args()
     print(harness.line(), flush=True)
     harness.quiet_absl()
     prep = argparse.Namespace(workdir=args.workdir, data=args.data, vocab=2000, length=32)
     vocab_dir, examples_dir = pretrain_recipe_search.prepared(prep)
     config = crammed_config(vocab_dir, examples_dir, args.steps)
-    plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", f"crammed_vs_hf_{args.steps}"))
-    curves = side_by_side(plan, run, steps, train_source)
+    if args.ramp_fraction:
+        config.optimizer.batch_ramp_fraction = args.ramp_fraction
+    name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "")
+    plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", name))
+    curves = side_by_side(plan, run, steps, train_source,
+                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "")
     a, b = np.asarray(curves["nli-jax"]), np.asarray(curves["transformers"])
     gap = np.abs(a - b)
     wa, wb = windows(curves["nli-jax"], args.window), windows(curves["transformers"], args.window)
     window_gap = np.abs(np.asarray(wa) - np.asarray(wb))
-    summary = {"steps": len(a), "window": args.window, "curves": curves,
+    summary = {"steps": len(a), "window": args.window, "same_init": args.same_init,
+               "ramp_fraction": plan.optimizer.batch_ramp_fraction, "curves": curves,
                "max_gap": {"per_step": float(gap.max()), "step": int(gap.argmax()) + 1,
                            "window_means": float(window_gap.max()),
                            "window_end_step": int((window_gap.argmax() + 1) * args.window)},
@@ -202,7 +219,8 @@ def main():
     harness.write_result(args.json or os.path.join(args.workdir, "crammed_vs_transformers.json"), summary,
                          ratios=ratios)
     png = args.png or os.path.join(args.workdir, "crammed_vs_transformers.png")
-    plot(curves, args.window, png, f"nli-jax vs transformers ModernBertForMaskedLM (own initialisations, same "
+    init = "same" if args.same_init else "own"
+    plot(curves, args.window, png, f"nli-jax vs transformers ModernBertForMaskedLM ({init} initialisation, same "
                                    f"batches, AdamW, triangle, ramp, clip 0.5); {harness.line()}")
     print(f"wrote {png}")
 
