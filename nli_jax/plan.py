@@ -261,7 +261,9 @@ class OptimizerPlan:
     """`config.optimizer`: the optimizer and its learning-rate schedule (warmup: StepPlan)."""
     name: str = _choice("adam", "adam", "adamw", "lamb")
     lr: float = _float(1e-5, 0.0, 1.0, low_open=True)
-    schedule: str = _choice("constant", "constant", "linear", "polynomial", "exponential_per_epoch")
+    schedule: str = _choice("constant", "constant", "linear", "polynomial", "exponential_per_epoch", "one_cycle")
+    # one_cycle (Cramming's triangle): linear from 0 up to lr at this share of the run, then down to 0.
+    one_cycle_peak: float = _float(0.5, 0.0, 1.0, low_open=True, high_open=True)
     warmup_steps: int = _int(0, 0)
     warmup_ratio: float = _float(0.0, 0.0, 1.0, high_open=True)
     decay_rate: float = _float(0.9, 0.0, 1.0, low_open=True)  # exponential_per_epoch: lr x decay_rate ** epoch
@@ -272,6 +274,11 @@ class OptimizerPlan:
     eps: float = _float(1e-8, 0.0, low_open=True)
     weight_decay: float = _float(0.0, 0.0)
     grad_clip: float = _float(1.0, 0.0)
+    # The batch ramped up by accumulation (Cramming): an update every k steps, k growing linearly
+    # from 1 to batch_ramp_max at batch_ramp_fraction of the run (then kept), the gradients of those
+    # steps averaged; the schedule is read at the step (the run's progress). 1: every step.
+    batch_ramp_max: int = _int(1, 1)
+    batch_ramp_fraction: float = _float(0.6, 0.0, 1.0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +296,12 @@ class TrainPlan:
     keep_checkpoints: int = _int(2, 1)
     async_checkpointing: bool = _bool(True)
     early_stopping_patience: int = _int(3, 0)  # evaluations without improvement; 0 = off
+    # A wall-clock budget (Cramming's): > 0 fixes the run's steps from the time a step takes, measured
+    # on budget_calibration_steps throw-away steps before training (nli_jax.train.budget); the
+    # schedule and the batch ramp are laid over those steps, recorded in the checkpoints, and a resumed
+    # run keeps them. train.max_steps / num_epochs stay the cap.
+    budget_minutes: float = _float(0.0, 0.0)
+    budget_calibration_steps: int = _int(20, 2)
     peak_tflops_per_device: float = _float(0.0, 0.0)  # e.g. 123 for TPU v3 bf16: enables MFU in the log
     # Training dynamics (dataset cartography, nli_jax.train.dynamics): every training example's
     # gold-label probability and correctness each epoch, from the training step itself, in <workdir>/dynamics/.

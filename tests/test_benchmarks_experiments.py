@@ -3,6 +3,7 @@ budgets and slices of the real data, and write what their JSON promises (figures
 quotients of their sides, the machine). Their results at full size are in docs/."""
 import json
 
+import numpy as np
 import pytest
 
 from benchmark_runs import assert_ratio, run_benchmark
@@ -192,3 +193,61 @@ def test_dynamics_and_calibration_indonli(shared_data, minilm_dir, tmp_path):
     assert_ratio(result, "with_over_without_dynamics_examples_per_s", rates["with_dynamics"], rates["without"])
     for split in ("validation", "test_lay"):
         assert 0 <= result["calibration"][split]["raw"]["ece"] <= 1
+
+
+@pytest.mark.slow  # 20 steps of nli-jax's crammed step and of transformers' ModernBertForMaskedLM: ~two minutes
+def test_crammed_vs_transformers(recipe_run, tmp_path):
+    """From nli-jax's initial parameters (--same_init), transformers' ModernBertForMaskedLM trained by
+    the PyTorch loop on the same batches with the same AdamW, triangle, ramp (k up to 4 by step 4)
+    and clipping gives the same loss at every step (within 1e-3): the update rules agree, ramp included."""
+    work, data, _ = recipe_run
+    _, result = run_benchmark("benchmarks.experiments.crammed_vs_transformers", f"--workdir={work}",
+                              f"--data={data}", "--steps=20", "--window=10", "--same_init", "--ramp_fraction=0.2",
+                              tmp_path=tmp_path, timeout=900)
+    curves = result["curves"]
+    assert len(curves["nli-jax"]) == len(curves["transformers"]) == 20 and result["steps"] == 20
+    assert all(abs(curves[side][0] - np.log(2000)) < 0.3 for side in ("nli-jax", "transformers"))
+    # k = floor(1 + 3 x step / 4) = 1, 1, 2, 3, 4, 4, ...: updates at steps 0, 1, 5, 9, 13, 17 and the last (19).
+    assert [i for i, u in enumerate(curves["update"]) if u] == [0, 1, 5, 9, 13, 17, 19] and result["updates"] == 7
+    assert curves["lr"][0] == 0.0 and max(curves["lr"]) == pytest.approx(1e-3, rel=0.1)
+    assert result["max_gap"]["per_step"] == pytest.approx(
+        max(abs(a - b) for a, b in zip(curves["nli-jax"], curves["transformers"])))
+    assert result["max_gap"]["per_step"] < 1e-3 and curves["nli-jax"][-1] < curves["nli-jax"][0] - 0.05
+    assert_ratio(result, "nli_jax_over_transformers_seconds", result["curves"]["seconds"]["nli-jax"],
+                 result["curves"]["seconds"]["transformers"])
+    assert (work / "crammed_vs_transformers.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two budgeted runs of 6 s of training steps each, with their evaluations: ~a minute or two
+def test_crammed_vs_bert(recipe_run, tmp_path):
+    """Each arm's steps come from the same budget (its own step time), its held-out curve with wall
+    times; the exports exist for downstream_gain."""
+    work, data, _ = recipe_run
+    _, result = run_benchmark("benchmarks.experiments.crammed_vs_bert", f"--workdir={work}", f"--data={data}",
+                              "--minutes=0.1", "--eval_every=40", tmp_path=tmp_path, timeout=900)
+    for arm in ("bert", "crammed"):
+        curve = result["curves"][arm]
+        assert curve[-1]["step"] == result["steps"][arm] > 0
+        assert all(r["seconds"] is not None and 0 <= r["mlm_accuracy"] <= 1 for r in curve)
+        config = json.loads((work / "runs" / f"budget_{arm}_0.1" / "export" / "config.json").read_text())
+        assert config["model_type"] == {"bert": "bert", "crammed": "modernbert"}[arm]
+        state = json.loads((work / "runs" / f"budget_{arm}_0.1" / "run.json").read_text())
+        assert state["total_steps"] == result["steps"][arm]
+    assert_ratio(result, "crammed_over_bert_steps", result["steps"]["crammed"], result["steps"]["bert"])
+    assert (work / "crammed_vs_bert.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two tiny programs through the TPU compiler (libtpu) on this host: about a minute
+def test_crammed_tpu_projection(tmp_path):
+    """Each row's FLOPs per token, tokens per hour and day's tokens follow from launch.compile's own
+    report (the compiler's count and step time)."""
+    _, result = run_benchmark("benchmarks.experiments.crammed_tpu_projection", f"--workdir={tmp_path / 'w'}",
+                              "--rows=configs/pretrain/crammed.py:cpu_test@v3-8@--config.model.attention=plain,"
+                              "configs/pretrain/indobert_base.py:cpu_test@v3-8@", tmp_path=tmp_path, timeout=900)
+    crammed, bert = result["rows"]
+    assert (crammed["tokens_per_step"], bert["tokens_per_step"]) == (16 * 64, 16 * 64)
+    for row in (crammed, bert):
+        assert row["fits"] and row["step_seconds"] > 0
+        assert row["tokens_per_hour"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"] * 3600)
+        assert row["compiler_flops_per_token"] == pytest.approx(row["formula_flops_per_token"], rel=0.5)
+    assert_ratio(result, "first_over_last_tokens_per_hour", crammed["tokens_per_hour"], bert["tokens_per_hour"])

@@ -33,10 +33,10 @@ SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hi
 def export_shape(export: str) -> dict:
     with open(os.path.join(export, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    missing = [k for k in SHAPE_KEYS if k not in config]
+    missing = [k for k in SHAPE_KEYS[:4] if k not in config]
     if missing:
         sys.exit(f"{export}/config.json lacks {missing}: not an encoder export")
-    return {k: config[k] for k in SHAPE_KEYS}
+    return {k: config[k] for k in SHAPE_KEYS if k in config}  # ModernBERT's has no type_vocab_size
 
 
 def finetune_config(args, task: str, epochs: int, seed: int, init: str, shape: dict, tokenizer: str):

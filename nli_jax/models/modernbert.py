@@ -613,6 +613,7 @@ _PRESET = dict(model_type=MODEL_TYPE, hidden_act="gelu", hidden_dropout_prob=0.0
 # configs/mmBERT-base-decay.yaml, the final phase: rotary_emb_base and local_attn_rotary_emb_base
 # 160000). Vocabulary sizes are the published ones; a from-scratch run takes its tokenizer's.
 _MODERNBERT = ModernBertOptions(global_rope_theta=160000.0, local_rope_theta=10000.0)
+_CRAMMED = ModernBertOptions(global_attn_every_n_layers=1, decoder_bias=False)
 _MMBERT = ModernBertOptions(global_rope_theta=160000.0, local_rope_theta=160000.0, classifier_pooling="mean")
 PRESETS.update({
     "modernbert-base": dict(_PRESET, num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
@@ -629,6 +630,21 @@ PRESETS.update({
                             intermediate_size=96, vocab_size=1000, max_position_embeddings=512,
                             family_options=ModernBertOptions(local_attention=16, global_rope_theta=160000.0,
                                                              local_rope_theta=10000.0)),
+    # The crammed recipe (configs/pretrain/crammed.py; Cramming, Geiping & Goldstein 2022): BERT-base's
+    # shape (12 x 768, 12 heads, 3,072 wide feed-forward) as a ModernBERT: pre-LayerNorm, GeGLU, no
+    # biases (attention, feed-forward, norms, decoder), rotary positions, the decoder tied to the
+    # embeddings, no dropout; every layer global (Cramming has no local attention). The vocabulary
+    # is the run's tokenizer's (this size is BERT's).
+    "crammed-base": dict(_PRESET, num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                         intermediate_size=3072, vocab_size=30522, max_position_embeddings=512,
+                         family_options=_CRAMMED),
+    # :cpu_learn: the shape of configs/pretrain/common.py:apply_cpu_learn's BERT (2 x 128, 2 heads, 512).
+    "crammed-2layer-small": dict(_PRESET, num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+                                 intermediate_size=512, vocab_size=30522, max_position_embeddings=512,
+                                 family_options=_CRAMMED),
+    # :cpu_test: tiny-bert's shape.
+    "tiny-crammed": dict(_PRESET, num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+                         vocab_size=1000, max_position_embeddings=128, family_options=_CRAMMED),
 })
 
 # jhu-clsp/mmBERT-base's config.json as transformers 4.48+ reads it (the shape launch.compile uses

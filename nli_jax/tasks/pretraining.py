@@ -72,14 +72,27 @@ class Pretraining(Task):
                         ("sentence_accuracy", "sentence_correct", "sentence_weight"),
                         ("sentence_loss", "sentence_loss_sum", "sentence_weight"))
     validation_split = "heldout"
-    # Checkpoints (model.init) this objective continues, and what it trains them as.
-    continuable_model_types = ("bert", "albert")
-    objective = "MLM with an NSP/SOP head, exported as *ForPreTraining"
+    # Checkpoints (model.init) this objective continues, and what it trains them as. None: those
+    # `continuable()` derives from the family table.
+    continuable_model_types: tuple[str, ...] | None = None
+    objective = "MLM (with an NSP/SOP head: BERT / ALBERT, exported as *ForPreTraining)"
 
     def __init__(self, data: DataPlan, pretrain: PretrainPlan, model: ModelPlan, options: MaskingOptions):
         super().__init__(data, options)
         self.pretrain, self.model = pretrain, model
         self.masking = options.masking_rule()
+
+    def continuable(self) -> tuple[str, ...]:
+        """The model_types a model.init may have: BERT and ALBERT (transformers' *ForPreTraining
+        names our MLM and sentence heads), and without a sentence task every family whose masked-LM
+        head is its own (nli_jax.models.families: `heads["masked_lm"]`, e.g. ModernBERT's
+        *ForMaskedLM); `continuable_model_types` when an objective names its own."""
+        if self.continuable_model_types is not None:
+            return self.continuable_model_types
+        from nli_jax.models import families
+        own = () if self.pretrain.sentence_task != "none" else tuple(
+            t for t in families.model_types() if "masked_lm" in families.get(t).heads)
+        return tuple(dict.fromkeys(("bert", "albert") + own))
 
     def plan_problems(self, plan):
         if self.masking.max_predictions > plan.data.max_seq_length:
@@ -124,7 +137,7 @@ class Pretraining(Task):
     def load(self, workdir=None):
         p = self.pretrain
         directory = p.examples_dir
-        check_checkpoint(self.model, building_examples=not directory, model_types=self.continuable_model_types,
+        check_checkpoint(self.model, building_examples=not directory, model_types=self.continuable(),
                          objective=self.objective)
         if not directory:
             if not workdir:

@@ -30,6 +30,7 @@ from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
 from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
+from nli_jax.train import budget
 from nli_jax.train import compilation
 from nli_jax.train import run_hooks
 from nli_jax.train import inputs as inputs_lib
@@ -105,7 +106,7 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
                                         fields=run_hooks.export_fields(run.hooks))
     write_json(storage.under(workdir, "results.json"), results)
     write_jsonl(storage.under(workdir, "predictions.jsonl"), records)
-    workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=steps.total_steps,
+    workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=bookkeeping["total_steps"],
                             best_step=bookkeeping["best_step"])
     return results
 
@@ -171,13 +172,13 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     step in this process, if any, so the final evaluation need not repeat it)."""
     task, plan, hooks = run.task, run.plan, run.hooks
     tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
-                                  warmup_steps=steps.warmup_steps, unit_peak=True)
-    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule,
-                                               per_example=any(h.per_example_outcomes for h in hooks))
+                                  warmup_steps=steps.warmup_steps, unit_peak=True)  # over the cap
+    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule)
     batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
     state, bookkeeping = _resume(ckpt, state, train_iter)
+    steps, train_step = _budgeted(run, steps, bookkeeping, state, train_step, batches)
     step = int(jax.device_get(state["step"]))
     train_step.compile_ahead(state, _one_batch_per_shape(run, batches, step, steps.total_steps))
     for hook in hooks:
@@ -241,11 +242,24 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     padding.log()
     # Tokens this process's steps computed on (rows x length, padding included) and real ones,
     # over the whole run (kept in the checkpoints' bookkeeping across resumes).
-    bookkeeping = dict(bookkeeping, steps=step, train_tokens=padding.totals())
+    bookkeeping = dict(bookkeeping, steps=step, total_steps=steps.total_steps, train_tokens=padding.totals())
     reused = None
     if best_evaluation is not None and best_evaluation[0] == bookkeeping["best_step"]:
         reused = {task.validation_split: best_evaluation[1]}
     return state, bookkeeping, reused
+
+
+def _budgeted(run: RunSetup, steps: StepPlan, bookkeeping: dict, state, train_step, batches):
+    """(steps, train step) over the run's total: with train.budget_minutes, fixed from a step's
+    measured time (`train_step` on a copy of `state`) or the checkpoint's record of it
+    (nli_jax.train.budget), the optimizer's schedule and batch ramp laid over it; else the plan's."""
+    calibration = lambda n: budget.time_steps(  # noqa: E731
+        train_step, state, iter(batches.iterator(0)), lambda b: pipeline.to_global(b, run.batch_sharding), n)
+    steps = budget.budget_steps(run.plan, steps, bookkeeping, calibration)
+    tx, schedule = make_optimizer(run.plan.optimizer, total_steps=steps.total_steps,
+                                  steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
+    return steps, train_step_for(run.steps, tx, schedule, state["params"],
+                                 per_example=any(h.per_example_outcomes for h in run.hooks))
 
 
 def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False):
@@ -258,10 +272,18 @@ def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_exampl
     shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
     opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
+    return state, train_step_for(steps, tx, schedule, params, per_example=per_example)
+
+
+def train_step_for(steps: StepSetup, tx, schedule, params, *, per_example: bool = False) -> "TrainStep":
+    """The jitted train step of `tx` and `schedule` (compiled at its first call) with the run's
+    seed and peak learning rate bound (initial_state_and_step's; `params` may be abstract)."""
+    replicated = mesh_lib.replicated(steps.mesh)
+    shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
     compiled = jit_train_step(steps, tx, schedule, shardings, per_example=per_example)
     run_values = {"seed": mesh_lib.put_global(np.uint32(steps.plan.seed), replicated),
                   "lr": mesh_lib.put_global(np.float32(steps.plan.optimizer.lr), replicated)}
-    return state, TrainStep(compiled, run_values)
+    return TrainStep(compiled, run_values)
 
 
 def train_state_shardings(tx, params, param_shardings, mesh) -> dict:

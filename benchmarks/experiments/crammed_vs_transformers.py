@@ -1,0 +1,229 @@
+"""The crammed recipe (configs/pretrain/crammed.py:cpu_learn) side by side with transformers'
+ModernBertForMaskedLM (issue 41, item 4).
+
+    python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/recipe_search --steps=1000
+    python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/recipe_search --steps=100 \
+        --same_init --ramp_fraction=0.05     # both from nli-jax's initial parameters: the update rules alone
+    python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/s --steps=20   # smoke run
+
+Data: as benchmarks.experiments.pretrain_vs_transformers (id_corpus_sample, a 2,000-piece
+WordPiece vocabulary, 32-token examples, built once under --workdir).
+
+nli-jax: the run's own set-up (loop.checked_setup), its own training batches (loop.train_batches:
+shuffling and 30% masking) and its own compiled train step (loop.initial_state_and_step) with the
+recipe's optimizer over --steps: AdamW 1e-3 (b2 0.98, eps 1e-12, decay 0.01 on kernels and
+embeddings), the one-cycle triangle, the batch ramp (an update every k steps on the mean gradient,
+k from 1 to 4 at 60% of the run), clipping at 0.5.
+
+transformers: `ModernBertForMaskedLM` of the same config.json (nli-jax's export of the shape:
+modernbert.to_hf) with its own initialisation (--same_init: nli-jax's initial parameters, exported
+and loaded by from_pretrained), trained by a PyTorch loop on the very same batches
+with the same optimizer: torch AdamW with decay on the Linear and embedding weights only, the same
+triangle, the same ramp (gradients summed over k steps, divided by k, clipped at 0.5, one step),
+loss = mean cross-entropy over the batch's masked positions (the logits computed there only,
+through the model's head and tied decoder).
+
+Prints both training-loss curves (each step's loss, and means over windows of --window steps) and
+the largest gap between them, per step and between window means; writes --json (default
+<workdir>/crammed_vs_transformers.json) and a PNG of both curves (--png).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from benchmarks import harness
+from benchmarks.experiments import pretrain_recipe_search
+
+
+def crammed_config(vocab_dir: str, examples_dir: str, steps: int):
+    """configs/pretrain/crammed.py:cpu_learn on prepared data, over `steps` steps (no budget: both
+    sides run the same steps)."""
+    from configs.pretrain import crammed
+    c = crammed.get_config("cpu_learn")
+    c.model.tokenizer = vocab_dir
+    c.pretrain.examples_dir = examples_dir
+    c.data.workers = 0
+    c.train.update(max_steps=steps, budget_minutes=0.0, eval_every_steps=steps, checkpoint_every_steps=steps,
+                   log_every_steps=steps)
+    return c
+
+
+def set_up(config, workdir: str):
+    from nli_jax.train import loop, planner
+    plan = planner.build_plan(config)
+    run, steps, train_source, _ = loop.checked_setup(plan, workdir)
+    return plan, run, steps, train_source
+
+
+def torch_side(run, plan, same_init: str = ""):
+    """(model, optimizer) of transformers' ModernBertForMaskedLM of the run's shape: its own
+    initialisation, or (`same_init`: an export of nli-jax's initial parameters) nli-jax's."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+    from nli_jax.models import modernbert
+    hf_config = {k: v for k, v in modernbert.to_hf(run.model.config).items() if k != "dtype"}
+    torch.manual_seed(0)
+    model = (ModernBertForMaskedLM.from_pretrained(same_init, attn_implementation="eager") if same_init else
+             ModernBertForMaskedLM(ModernBertConfig(**hf_config, attn_implementation="eager")))
+    o = plan.optimizer
+    # nli_jax.train.optimizers.decay_mask: kernels and embeddings decay; norms (and biases) do not.
+    named = dict(model.named_parameters())
+    decay = [p for n, p in named.items() if n.endswith(".weight") and "norm" not in n]
+    rest = [p for n, p in named.items() if not (n.endswith(".weight") and "norm" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=o.lr, betas=(o.b1, o.b2), eps=o.eps)
+    return model, optimizer
+
+
+def torch_loss(model, batch):
+    import torch
+    ids = torch.from_numpy(np.asarray(batch["input_ids"], np.int64))
+    mask = torch.from_numpy(np.asarray(batch["attention_mask"], np.int64))
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    positions = torch.from_numpy(np.asarray(batch["masked_positions"], np.int64))
+    picked = torch.gather(hidden, 1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    logits = model.decoder(model.head(picked))
+    targets = torch.from_numpy(np.asarray(batch["masked_ids"], np.int64))
+    weights = torch.from_numpy(np.asarray(batch["masked_weights"], np.float32)
+                               * np.asarray(batch["weight"], np.float32)[:, None])
+    losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                               reduction="none").reshape(targets.shape)
+    return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def side_by_side(plan, run, steps, train_source, same_init_dir: str = "") -> dict:
+    """Both sides step by step on each of the run's batches: {"nli-jax": [loss], "transformers":
+    [loss], "lr": [...], "update": [bool], "seconds": {...}}."""
+    import jax
+    import torch
+    from nli_jax.data import pipeline
+    from nli_jax.train import loop
+    from nli_jax.train.optimizers import make_optimizer, ramp_schedule
+    torch.set_num_threads(os.cpu_count())
+    total = steps.total_steps
+    tx, schedule = make_optimizer(plan.optimizer, total_steps=total, steps_per_epoch=steps.steps_per_epoch,
+                                  warmup_steps=steps.warmup_steps, unit_peak=True)
+    state, train_step = loop.initial_state_and_step(run.steps, run.params, tx, schedule)
+    if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
+        from nli_jax.train.tools import export
+        export(run, state["params"], same_init_dir)
+    model, optimizer = torch_side(run, plan, same_init_dir)
+    model.train()
+    k = ramp_schedule(plan.optimizer, total)
+    batches = iter(loop.train_batches(run, train_source, total).iterator(0))
+    out = {"nli-jax": [], "transformers": [], "lr": [], "update": [], "seconds": {"nli-jax": 0.0, "transformers": 0.0}}
+    accumulated = 0
+    for step in range(total):
+        batch = next(batches)
+        start = time.perf_counter()
+        state, metrics = train_step(state, pipeline.to_global(batch, run.batch_sharding))
+        metrics = jax.device_get(metrics)
+        out["seconds"]["nli-jax"] += time.perf_counter() - start
+        out["nli-jax"].append(float(metrics["loss_sum"] / metrics["weight"]))
+        start = time.perf_counter()
+        loss = torch_loss(model, batch)
+        loss.backward()
+        accumulated += 1
+        due = accumulated >= int(k(np.int32(step))) or step + 1 == total
+        lr = float(schedule(step)) * plan.optimizer.lr
+        if due:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad /= accumulated
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.optimizer.grad_clip)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            optimizer.zero_grad()
+            accumulated = 0
+        out["seconds"]["transformers"] += time.perf_counter() - start
+        out["transformers"].append(float(loss.detach()))
+        out["lr"].append(lr)
+        out["update"].append(bool(due))
+        if (step + 1) % 100 == 0 or step + 1 == total:
+            print(f"  step {step + 1}: nli-jax {out['nli-jax'][-1]:.4f} transformers {out['transformers'][-1]:.4f} "
+                  f"lr {lr:.2e}", flush=True)
+    return out
+
+
+def windows(losses: list[float], size: int) -> list[float]:
+    return [float(np.mean(losses[i:i + size])) for i in range(0, len(losses), size)]
+
+
+def plot(curves: dict, window: int, path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for side in ("nli-jax", "transformers"):
+        ax.plot(np.arange(1, len(curves[side]) + 1), curves[side], alpha=0.3, linewidth=0.6)
+        means = windows(curves[side], window)
+        ax.plot([(i + 1) * window for i in range(len(means))], means, marker="o", label=f"{side} ({window}-step mean)")
+    ax.set(xlabel="step", ylabel="training MLM loss", title="crammed :cpu_learn, the loop's batches")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = harness.parser(__doc__)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--data", default=harness.shared_data())
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--window", type=int, default=50, help="steps per mean of the loss curves")
+    parser.add_argument("--png", default="", help="default <workdir>/crammed_vs_transformers.png")
+    parser.add_argument("--same_init", action="store_true",
+                        help="transformers starts from nli-jax's initial parameters (isolates the update rule)")
+    parser.add_argument("--ramp_fraction", type=float, default=0.0,
+                        help="optimizer.batch_ramp_fraction (default: the recipe's 0.6)")
+    args = parser.parse_args()
+    print(harness.line(), flush=True)
+    harness.quiet_absl()
+    prep = argparse.Namespace(workdir=args.workdir, data=args.data, vocab=2000, length=32)
+    vocab_dir, examples_dir = pretrain_recipe_search.prepared(prep)
+    config = crammed_config(vocab_dir, examples_dir, args.steps)
+    if args.ramp_fraction:
+        config.optimizer.batch_ramp_fraction = args.ramp_fraction
+    name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "")
+    plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", name))
+    curves = side_by_side(plan, run, steps, train_source,
+                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "")
+    a, b = np.asarray(curves["nli-jax"]), np.asarray(curves["transformers"])
+    gap = np.abs(a - b)
+    wa, wb = windows(curves["nli-jax"], args.window), windows(curves["transformers"], args.window)
+    window_gap = np.abs(np.asarray(wa) - np.asarray(wb))
+    summary = {"steps": len(a), "window": args.window, "same_init": args.same_init,
+               "ramp_fraction": plan.optimizer.batch_ramp_fraction, "curves": curves,
+               "max_gap": {"per_step": float(gap.max()), "step": int(gap.argmax()) + 1,
+                           "window_means": float(window_gap.max()),
+                           "window_end_step": int((window_gap.argmax() + 1) * args.window)},
+               "first_loss": {"nli-jax": float(a[0]), "transformers": float(b[0])},
+               "final_window_loss": {"nli-jax": wa[-1], "transformers": wb[-1]},
+               "updates": int(sum(curves["update"]))}
+    print(f"\ncrammed :cpu_learn (ModernBERT 2 x 128, 2,000-piece vocabulary, 32 tokens, batch 64, ramp to 4), "
+          f"{len(a)} steps, {summary['updates']} updates; {harness.line()}")
+    print(f"| steps | nli-jax mean loss | transformers mean loss | gap |\n|---|---|---|---|")
+    for i, (x, y) in enumerate(zip(wa, wb)):
+        print(f"| {i * args.window + 1}-{min((i + 1) * args.window, len(a))} | {x:.4f} | {y:.4f} | {abs(x - y):.4f} |")
+    print(f"largest gap: per step {gap.max():.4f} (step {gap.argmax() + 1}); between {args.window}-step means "
+          f"{window_gap.max():.4f} (ending at step {summary['max_gap']['window_end_step']})")
+    print(f"seconds: nli-jax {curves['seconds']['nli-jax']:.1f}, transformers {curves['seconds']['transformers']:.1f}")
+    ratios = {"nli_jax_over_transformers_final_window_loss": wa[-1] / wb[-1],
+              "nli_jax_over_transformers_seconds": curves["seconds"]["nli-jax"] / curves["seconds"]["transformers"]}
+    harness.write_result(args.json or os.path.join(args.workdir, "crammed_vs_transformers.json"), summary,
+                         ratios=ratios)
+    png = args.png or os.path.join(args.workdir, "crammed_vs_transformers.png")
+    init = "same" if args.same_init else "own"
+    plot(curves, args.window, png, f"nli-jax vs transformers ModernBertForMaskedLM ({init} initialisation, same "
+                                   f"batches, AdamW, triangle, ramp, clip 0.5); {harness.line()}")
+    print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
