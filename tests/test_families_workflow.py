@@ -148,6 +148,8 @@ def test_every_task_trains_and_reports_its_metric_per_split(family_runs):
         if task not in indonlu.SEQUENCE_LABELLING_TASKS:
             calibration = validation["calibration"]
             assert {"ece", "brier", "nll"} <= set(calibration["raw"]), (family, task, calibration)
+    for table in {workdir.parent / "table.md" for task, (_, workdir) in runs.items() if task in indonlu.TASKS}:
+        assert f"(run: preset {FAMILIES[family][0]} from scratch)" in table.read_text(), (family, table)
     splits = json.loads((runs["indonli"][1] / "results.json").read_text())["splits"]
     assert set(splits) == set(NLI_SPLITS) and splits["diagnostic"]["by_tag"], family
     ocnli = json.loads((runs["ocnli"][1] / "results.json").read_text())["splits"]["validation"]
