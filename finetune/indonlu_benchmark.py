@@ -72,7 +72,7 @@ def write_tables(workdir: str, runs: dict[str, dict], model: str, seconds: dict[
     header, rows = table(runs)
     tables.write_csv(storage.under(workdir, "table.csv"), header, rows)
     spread = f", mean (std) over seeds {', '.join(map(str, seeds))}" if seeds else ""
-    title = (f"IndoNLU, model `{model}` (F1 x 100{spread}; averages over the 5 classification and 7 "
+    title = (f"IndoNLU, model {model} (F1 x 100{spread}; averages over the 5 classification and 7 "
              "sequence-labelling tasks)")
     notes = [f"failed: {f}" for f in failures]
     notes += ["wall time per task (s): " + ", ".join(f"{NAMES[t]} {s:.0f}" for t, s in seconds.items()),
@@ -114,12 +114,21 @@ def task_configs(model: str, source: str, tasks, overrides=(), cpu_test: bool = 
     return configs
 
 
+def built_model(model: str, configs: dict) -> str:
+    """--model as the tables name it, with what the runs build when that is not its checkpoint
+    (--cpu_test and a model.init / model.preset override replace it): `large`, or
+    `large` (run: preset tiny-modernbert from scratch)."""
+    built = sorted({c.model.init or f"preset {c.model.preset} from scratch" for c in configs.values()})
+    return f"`{model}`" + ("" if built == [indonlu_config.MODELS[model][0]] else f" (run: {'; '.join(built)})")
+
+
 def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False,
                   seeds=()) -> tuple[str, list[str]]:
     """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
     from nli_jax.workdir import check_tool_output
     check_tool_output(workdir, "--workdir")  # its task runs are its own; the benchmark is inside no other run
     configs = task_configs(model, source, tasks, overrides, cpu_test)
+    label = built_model(model, configs)
     runs, seconds, failures = {}, {}, []
     for task, config in configs.items():
         runs[task], seconds[task] = {}, 0.0
@@ -133,13 +142,13 @@ def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cp
                 runs[task][seed] = outcome["results"]
             else:
                 failures.append(f"{NAMES[task]}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
-        write_tables(workdir, runs, model, seconds, failures, seeds)  # readable while the benchmark runs
+        write_tables(workdir, runs, label, seconds, failures, seeds)  # readable while the benchmark runs
     written, why_not = write_submission(workdir, list(configs), source, seeds)
     if written:
         print(f"leaderboard submission: {os.path.join(workdir, 'submission')} ({len(written) // 2} tasks)")
     elif why_not and "no test predictions" not in why_not:
         failures.append(f"leaderboard submission: {why_not[:300]}")
-    return write_tables(workdir, runs, model, seconds, failures, seeds), failures
+    return write_tables(workdir, runs, label, seconds, failures, seeds), failures
 
 
 def run(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False, seeds=()) -> str:

@@ -2,6 +2,7 @@
 their JSON promises: every side's figures, the ratios as the sides' quotients, the machine they ran
 on. The experiments of past issues (benchmarks/experiments/): tests/test_benchmarks_experiments.py."""
 import ast
+import json
 import pathlib
 import re
 
@@ -183,6 +184,41 @@ def test_finetune_vs_transformers_on_real_indonli(tmp_path, shared_data, minilm_
     assert runs["nli-jax"]["train_compile_s"] > 0
     assert result["nli_jax_commands"]["len64_seed1"].startswith("python -m finetune.main --config=configs/indonli_base.py")
     assert all(0.3 < r["peak_rss_gb"] < 24 for r in runs.values()), runs
+
+
+@pytest.mark.slow  # end to end, ~30 s a family
+@pytest.mark.parametrize("family,model_type,hf_class", [
+    ("deberta", "deberta-v2", "DebertaV2ForSequenceClassification"),
+    ("modernbert", "modernbert", "ModernBertForSequenceClassification")])
+def test_finetune_vs_transformers_from_a_random_checkpoint_of_each_family(tmp_path, shared_data, minilm_dir, family,
+                                                                          model_type, hf_class):
+    """--model=random-deberta:... / random-modernbert:...: the checkpoint is made in the workdir
+    with transformers' classes (MiniLM's tokenizer beside it), and both sides fine-tune that same
+    checkpoint: nli-jax through its family module, transformers through its own class."""
+    indonli = shared_data / "indonli"
+    if not (indonli / "train.jsonl").is_file() or not (indonli / "val.jsonl").is_file():
+        pytest.skip(f"IndoNLI train.jsonl / val.jsonl not found in {indonli}")
+    proc, result = run_benchmark("benchmarks.finetune_vs_transformers", f"--model=random-{family}:2x128x30522",
+                                 f"--data={indonli}", "--train_pairs=32", "--eval_pairs=32", "--max_seq_length=64",
+                                 "--seeds=1", "--epochs=1", "--batch_size=16", f"--workdir={tmp_path / 'work'}",
+                                 tmp_path=tmp_path)
+    checkpoint = tmp_path / "work" / f"random_{family}_2x128x30522"
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == (model_type, 2, 128)
+    assert result["settings"]["model"] == str(checkpoint)
+    runs = {r["side"]: r for r in result["runs"]}
+    assert {r["train_examples"] for r in runs.values()} == {32} and {r["eval_examples"] for r in runs.values()} == {32}
+    run = tmp_path / "work" / "runs" / "nli-jax" / "len64_seed1" / "run"
+    assert json.loads((run / "config.json").read_text())["model"]["init"] == str(checkpoint)
+    summary = result["summary"]["64"]
+    for side in ("nli-jax", "transformers"):
+        assert summary[side]["end_to_end_s"]["mean"] > summary[side]["train_s"]["mean"] > 0, side
+    assert_ratio(result, "64_end_to_end_time", summary["nli-jax"]["end_to_end_s"]["mean"],
+                 summary["transformers"]["end_to_end_s"]["mean"])
+    # Each side read the checkpoint as the family's: nli-jax's family module, transformers' own class.
+    log = (tmp_path / "work" / "runs" / "nli-jax" / "len64_seed1" / "log.txt").read_text()
+    assert f"ForSequenceClassification {model_type}," in log
+    assert runs["transformers"]["model_class"] == hf_class
 
 
 @pytest.mark.slow  # end to end, tens of seconds

@@ -138,6 +138,19 @@ def test_every_indonlu_task_trains_and_reports_its_metric(benchmark_run):
             assert len(validation["by_aspect"]) == len(indonlu.TASKS[task].aspects)
 
 
+def test_the_benchmark_table_names_the_model_its_runs_build():
+    """--model names a checkpoint; --cpu_test and a model override replace it, and the table says so
+    (it titled a tiny ModernBERT's from-scratch runs 'model `large`')."""
+    from finetune import indonlu_benchmark
+    tiny = indonlu_benchmark.task_configs("large", "/data", ["smsa", "nerp"], ["model.preset=tiny-modernbert"],
+                                          cpu_test=True)
+    assert indonlu_benchmark.built_model("large", tiny) == "`large` (run: preset tiny-modernbert from scratch)"
+    hub = indonlu_benchmark.task_configs("large", "/data", ["smsa"])
+    assert indonlu_benchmark.built_model("large", hub) == "`large`"
+    other = indonlu_benchmark.task_configs("large", "/data", ["smsa"], ["model.init=/models/mine"])
+    assert indonlu_benchmark.built_model("large", other) == "`large` (run: /models/mine)"
+
+
 @pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_benchmark_table_has_table_5_layout(benchmark_run):
     workdir, text = benchmark_run
