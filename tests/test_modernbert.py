@@ -372,6 +372,26 @@ def test_export_loads_in_transformers_with_every_weight_and_the_same_logits(tmp_
     assert _ours(model, ids, mask).shape == (3, 2, 3)
 
 
+def test_a_from_scratch_export_carries_its_tokenizers_special_ids(tmp_path):
+    """ModernBertConfig defaults [CLS] / [SEP] (bos / eos) to 50281 / 50282, ids of ModernBERT's own
+    vocabulary: a model built from a preset with another tokenizer writes that tokenizer's ids, so
+    transformers sees ids inside the vocabulary; an imported checkpoint keeps its own."""
+    import nli_jax
+    from nli_jax.data import fixture_path
+    tokenizer = nli_jax.load_tokenizer(fixture_path("tiny_wordpiece"))
+    model = ForMaskedLM(preset("tiny-modernbert", vocab_size=len(tokenizer)), rngs=make_rngs(0))
+    model.save_pretrained(str(tmp_path / "scratch"), tokenizer=tokenizer)
+    config = transformers.AutoConfig.from_pretrained(str(tmp_path / "scratch"))
+    expected = (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id)
+    assert (config.cls_token_id, config.sep_token_id, config.bos_token_id, config.eos_token_id) == expected
+    assert max(expected) < len(tokenizer) == config.vocab_size
+    imported = _hf_model("tiny", "mlm")  # its config.json's ids, not the tokenizer's
+    imported.config.cls_token_id = 7
+    imported.save_pretrained(str(tmp_path / "published"))
+    ForMaskedLM.from_pretrained(str(tmp_path / "published")).save_pretrained(str(tmp_path / "again"), tokenizer=tokenizer)
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["cls_token_id"] == 7
+
+
 def test_a_checkpoint_with_the_tied_decoder_copied_loads(tmp_path):
     """Some published ModernBERT checkpoints hold decoder.weight beside the embeddings it is tied to."""
     from safetensors.torch import save_file

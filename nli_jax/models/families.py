@@ -55,6 +55,10 @@ and configs.
   heads               head classes the family replaces, by role ("masked_lm", "sequence",
                       "token", "multi_aspect"), built with the default head's arguments
                       (nli_jax.models.heads); empty: the defaults
+  tokenizer_ids       config.json keys of special-token ids that transformers' config class
+                      defaults to its own vocabulary's (ModernBERT: cls 50281, sep 50282), each
+                      with the tokenizer attribute that gives it: an export with a tokenizer
+                      writes them when the config does not carry them (a model built from scratch)
 """
 from __future__ import annotations
 
@@ -81,6 +85,7 @@ class Family:
     base_pooler: bool = True
     classifier_pooler: bool = True
     heads: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    tokenizer_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def in_base_model(self, name: str) -> bool:
         """Whether a Hugging Face weight name (without prefix) belongs to the base model."""

@@ -672,4 +672,7 @@ families.register(families.Family(
     unused_keys=re.compile(r"^decoder\.weight$"),  # the tied decoder, when a checkpoint holds a copy
     base_pooler=False, classifier_pooler=True,
     heads={"masked_lm": MaskedLMHead, "sequence": SequenceClassificationHead, "token": TokenClassificationHead,
-           "multi_aspect": MultiAspectHead}))
+           "multi_aspect": MultiAspectHead},
+    # ModernBertConfig defaults these to ModernBERT's own vocabulary; [CLS] and [SEP] open and close.
+    tokenizer_ids={"cls_token_id": "cls_token_id", "sep_token_id": "sep_token_id", "bos_token_id": "cls_token_id",
+                   "eos_token_id": "sep_token_id"}))

@@ -326,4 +326,8 @@ def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, labe
         config["nli_jax"]["labels"] = list(label_names)  # multi-aspect heads: one softmax over these per aspect
     config["nli_jax"].update(extra or {})
     config["tie_word_embeddings"] = True
+    if tokenizer is not None:
+        for key, attribute in families.get(model.config.model_type).tokenizer_ids.items():
+            if config.get(key) is None and getattr(tokenizer, attribute, None) is not None:
+                config[key] = int(getattr(tokenizer, attribute))
     hf.write_directory(path, state_dict(model), config, tokenizer=tokenizer)
