@@ -86,8 +86,10 @@ def test_training_on_a_cartography_subset(run, tmp_path):
     workdir, _ = run
     assert _analyse(workdir).returncode == 0
     subset = workdir / "cartography" / "ambiguous.jsonl"
+    # The tiny model's ambiguous third of the fixture is one label (neutral), which a run refuses
+    # unless told (planner: allow_one_label); what is tested here is the subset's way into training.
     results = _train(tmp_path / "subset", f"data.train_subset={subset}", "train.num_epochs=1",
-                     "optimizer.warmup_steps=0")
+                     "optimizer.warmup_steps=0", "data.allow_one_label=True")
     log = (tmp_path / "subset" / "train.log").read_text()
     assert "| 100 train examples, 6 steps/epoch" in log, log[:2000]
     assert results["splits"]["validation"]["count"] == 60

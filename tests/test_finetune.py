@@ -298,4 +298,4 @@ def test_hypothesis_only_and_seeds(tmp_path):
         per_seed = json.loads((tmp_path / f"seed_{seed}" / "results.json").read_text())
         assert per_seed["hypothesis_only"] is True
     config = json.loads((tmp_path / "seed_1" / "config.json").read_text())
-    assert config["data"]["hypothesis_only"] is True and config["train"]["seed"] == 1
+    assert config["task_options"]["hypothesis_only"] is True and config["train"]["seed"] == 1
