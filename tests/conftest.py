@@ -3,6 +3,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -29,6 +30,18 @@ SHARED_DATA = pathlib.Path(os.environ.get("NLI_JAX_SHARED_DATA", REPO.parent / "
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end tests (minutes); select with -m slow")
+
+
+# CI gives the whole of .ci/run a fixed time, and a run that overruns it counts for nothing: with
+# NLI_JAX_TEST_BUDGET_S set (.ci/run sets what is left of it, less the longest test), a test that
+# would start after that many seconds is skipped, and -ra lists each one with this reason.
+_BUDGET_S = float(os.environ.get("NLI_JAX_TEST_BUDGET_S") or 0)
+_STARTED = time.monotonic()
+
+
+def pytest_runtest_setup(item):
+    if _BUDGET_S and time.monotonic() - _STARTED > _BUDGET_S:
+        pytest.skip(f"not run: the suite's time budget (NLI_JAX_TEST_BUDGET_S={_BUDGET_S:.0f} s) was spent")
 
 
 @pytest.fixture(scope="session")
