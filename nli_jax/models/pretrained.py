@@ -328,6 +328,6 @@ def save_pretrained(model: "PretrainedModel", path: str, *, tokenizer=None, labe
     config["tie_word_embeddings"] = True
     if tokenizer is not None:
         for key, attribute in families.get(model.config.model_type).tokenizer_ids.items():
-            if config.get(key) is None and getattr(tokenizer, attribute, None) is not None:
+            if key not in config and getattr(tokenizer, attribute, None) is not None:
                 config[key] = int(getattr(tokenizer, attribute))
     hf.write_directory(path, state_dict(model), config, tokenizer=tokenizer)
