@@ -173,7 +173,7 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     task, plan, hooks = run.task, run.plan, run.hooks
     tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
                                   warmup_steps=steps.warmup_steps, unit_peak=True)  # over the cap
-    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule)
+    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule, per_example=_per_example(hooks))
     batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
@@ -255,11 +255,18 @@ def _budgeted(run: RunSetup, steps: StepPlan, bookkeeping: dict, state, train_st
     (nli_jax.train.budget), the optimizer's schedule and batch ramp laid over it; else the plan's."""
     calibration = lambda n: budget.time_steps(  # noqa: E731
         train_step, state, iter(batches.iterator(0)), lambda b: pipeline.to_global(b, run.batch_sharding), n)
-    steps = budget.budget_steps(run.plan, steps, bookkeeping, calibration)
+    budgeted = budget.budget_steps(run.plan, steps, bookkeeping, calibration)
+    if budgeted is steps:  # no budget: the step built over the plan's total is the run's
+        return steps, train_step
+    steps = budgeted
     tx, schedule = make_optimizer(run.plan.optimizer, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
-    return steps, train_step_for(run.steps, tx, schedule, state["params"],
-                                 per_example=any(h.per_example_outcomes for h in run.hooks))
+    return steps, train_step_for(run.steps, tx, schedule, state["params"], per_example=_per_example(run.hooks))
+
+
+def _per_example(hooks) -> bool:
+    """Whether the train step's metrics carry each example's outcomes (a hook such as dynamics reads them)."""
+    return any(h.per_example_outcomes for h in hooks)
 
 
 def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False):
