@@ -234,6 +234,11 @@ def test_crammed_vs_bert(recipe_run, tmp_path):
         state = json.loads((work / "runs" / f"budget_{arm}_0.1" / "run.json").read_text())
         assert state["total_steps"] == result["steps"][arm]
     assert_ratio(result, "crammed_over_bert_steps", result["steps"]["crammed"], result["steps"]["bert"])
+    # Both arms scored on the same held-out masks (15%), though crammed trains at 30%.
+    assert result["heldout_masked_tokens"]["bert"] == result["heldout_masked_tokens"]["crammed"] > 0
+    assert (result["curves"]["bert"][-1]["mask_input_constant_baseline"]
+            == result["curves"]["crammed"][-1]["mask_input_constant_baseline"])  # the same [MASK] targets
+    assert result["heldout_mask_prob"] == 0.15 and "ahead" in result["verdict"]
     assert (work / "crammed_vs_bert.png").stat().st_size > 0
 
 

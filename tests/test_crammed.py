@@ -197,3 +197,37 @@ def test_a_budgeted_run_killed_and_resumed_ends_as_an_uninterrupted_run_of_its_s
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def _heldout_evaluation(workdir, **task_options):
+    """The run's own evaluator on its held-out split, at the initial parameters (the loop's set-up)."""
+    from configs.pretrain import crammed
+    from nli_jax.train.loop import checked_setup
+    from nli_jax.train.planner import build_plan
+    config = crammed.get_config("cpu_test")
+    config.task_options.update(**task_options)
+    run, *_ = checked_setup(build_plan(config), str(workdir))
+    evaluation = run.evaluator.evaluate(run.params, "heldout", run.splits["heldout"])
+    return run, evaluation
+
+
+def test_runs_trained_at_different_masking_rates_are_scored_on_the_same_heldout_masks(tmp_path):
+    """task_options.heldout_mask_prob: the crammed recipe (30% masking) scored at BERT's 15% gets
+    the held-out masks of a run trained with BERT's masking (15%, its cap of 10 at 64 tokens),
+    through each run's own set-up and evaluator; its training batches keep 30%."""
+    _, at_30 = _heldout_evaluation(tmp_path / "a")
+    run_30, at_30_scored_at_15 = _heldout_evaluation(tmp_path / "b", heldout_mask_prob=0.15)
+    _, at_15 = _heldout_evaluation(tmp_path / "c", mask_prob=0.15, max_predictions=10)  # BERT's 15% and cap at 64
+    assert at_30_scored_at_15.report["masked_tokens"] == at_15.report["masked_tokens"]
+    assert at_30_scored_at_15.report["mlm_accuracy"] == at_15.report["mlm_accuracy"]  # same params, same masks
+    for key in ("mask_correct", "mask_count", "mask_targets"):
+        np.testing.assert_array_equal(at_30_scored_at_15.predictions[key], at_15.predictions[key])
+    ratio = at_30.report["masked_tokens"] / at_15.report["masked_tokens"]
+    print(f"held-out masked tokens: {at_30.report['masked_tokens']} at 30%, {at_15.report['masked_tokens']} at 15% "
+          f"(ratio {ratio:.2f})")
+    assert 1.8 < ratio < 2.2
+    # Training keeps the run's own rate.
+    rows = [run_30.encode(run_30.splits["train"][i]) for i in range(run_30.batching.global_rows)]
+    trained = run_30.batching.training(rows, rng=np.random.default_rng(0))
+    evaluated = run_30.batching.evaluation(rows, rng=np.random.default_rng(0))
+    assert 1.7 < trained["masked_weights"].sum() / evaluated["masked_weights"].sum() < 2.3

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 
 import jax
@@ -47,6 +48,9 @@ class MaskingOptions(TaskOptions):
     mask_prob: float = option(0.15, low=0.0, high=1.0, low_open=True, high_open=True)
     max_predictions: int = option(20, low=1)  # masked tokens per sequence at most (20 at 128, 80 at 512)
     random_token_low: int = option(0, low=0)  # random replacements drawn from [low, vocab size)
+    # The held-out split's masking rate (0: the training rate and cap). Runs trained at different
+    # rates (BERT's 15%, MosaicBERT's 30%) are scored on the same held-out masks when they give the same one.
+    heldout_mask_prob: float = option(0.0, low=0.0, high=1.0, high_open=True)
 
     def masking_rule(self) -> MaskingRule:
         raise NotImplementedError(f"{type(self).__name__} names no masking rule")
@@ -81,6 +85,11 @@ class Pretraining(Task):
         super().__init__(data, options)
         self.pretrain, self.model = pretrain, model
         self.masking = options.masking_rule()
+        # Given a held-out rate, the held-out cap is what that rate fills at the length (not the
+        # training's cap), so runs with the same held-out rate and length draw the same masks.
+        rate = options.heldout_mask_prob
+        self.heldout_masking = self.masking if not rate else dataclasses.replace(
+            self.masking, mask_prob=rate, max_predictions=math.ceil(round(rate * data.max_seq_length, 6)))
 
     def continuable(self) -> tuple[str, ...]:
         """The model_types a model.init may have: BERT and ALBERT (transformers' *ForPreTraining
@@ -103,16 +112,18 @@ class Pretraining(Task):
     # Fixed when the task is bound (tokenizer_values): the masking of its batches, and [MASK]'s id,
     # by which evaluation tells the predictions made at [MASK] inputs.
     masking_config: MaskingConfig | None = None
+    heldout_masking_config: MaskingConfig | None = None
     is_continuation: np.ndarray | None = None
     mask_id: int | None = None
 
     def tokenizer_values(self, tokenizer):
         vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
         cls_id, sep_id, mask_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
+        shared = dict(max_seq_length=self.data.max_seq_length, vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id,
+                      mask_id=mask_id, pad_id=pad_id)
         return {"mask_id": mask_id, "is_continuation": continuation_table(vocab),
-                "masking_config": MaskingConfig(rule=self.masking, max_seq_length=self.data.max_seq_length,
-                                                vocab_size=len(vocab), cls_id=cls_id, sep_id=sep_id, mask_id=mask_id,
-                                                pad_id=pad_id)}
+                "masking_config": MaskingConfig(rule=self.masking, **shared),
+                "heldout_masking_config": MaskingConfig(rule=self.heldout_masking, **shared)}
 
     def stale_settings(self, directory: str, corpus_files: list[str]) -> list[str]:
         """Settings that differ between examples built in the workdir and this run's ([] if none,
@@ -220,7 +231,8 @@ class Pretraining(Task):
         # This process's rows of each global batch (random draws are made for the global batch).
         return MaskedBatching(self.masking_config, self.is_continuation,
                               row_offset=batch.process_index * batch.local_batch,
-                              global_rows=batch.local_batch * batch.processes)
+                              global_rows=batch.local_batch * batch.processes,
+                              evaluation_config=self.heldout_masking_config)
 
     def _outputs(self, model, batch, deterministic):
         return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
