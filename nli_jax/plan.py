@@ -262,8 +262,10 @@ class OptimizerPlan:
     name: str = _choice("adam", "adam", "adamw", "lamb")
     lr: float = _float(1e-5, 0.0, 1.0, low_open=True)
     schedule: str = _choice("constant", "constant", "linear", "polynomial", "exponential_per_epoch", "one_cycle")
-    # one_cycle (Cramming's triangle): linear from 0 up to lr at this share of the run, then down to 0.
+    # one_cycle (Cramming's triangle): linear from one_cycle_start x lr up to lr at one_cycle_peak
+    # of the run, then down to 0 at its end (Cramming's budget-triangle2: 0.25 and 0.75).
     one_cycle_peak: float = _float(0.5, 0.0, 1.0, low_open=True, high_open=True)
+    one_cycle_start: float = _float(0.0, 0.0, 1.0, high_open=True)
     warmup_steps: int = _int(0, 0)
     warmup_ratio: float = _float(0.0, 0.0, 1.0, high_open=True)
     decay_rate: float = _float(0.9, 0.0, 1.0, low_open=True)  # exponential_per_epoch: lr x decay_rate ** epoch

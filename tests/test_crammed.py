@@ -33,8 +33,15 @@ def _plan(arg="cpu_test", **optimizer):
 def test_the_recipe_is_the_papers():
     plan = _plan(None)
     o, t, m = plan.optimizer, plan.train, plan.model
-    assert (o.schedule, o.one_cycle_peak, o.grad_clip, o.lr, o.batch_ramp_max, o.batch_ramp_fraction) == \
-        ("one_cycle", 0.5, 0.5, 1e-3, 64, 0.6)
+    assert (o.schedule, o.one_cycle_start, o.one_cycle_peak, o.grad_clip, o.lr, o.batch_ramp_max,
+            o.batch_ramp_fraction) == ("one_cycle", 0.25, 0.75, 0.5, 1e-3, 64, 0.6)
+    # Cramming's budget-triangle2 (cramming/utils.py, get_budget_triangle with base_percentage 0.25,
+    # falloff 0.25): min(0.25 + x, (1 - x) / 0.25) of the rate at progress x.
+    from nli_jax.train.optimizers import learning_rate_schedule
+    lr = learning_rate_schedule(o, total_steps=1000, steps_per_epoch=10, warmup_steps=0)
+    x = np.arange(0, 1000, 7)
+    np.testing.assert_allclose([float(lr(s)) for s in x], 1e-3 * np.minimum(0.25 + x / 1000, (1 - x / 1000) / 0.25),
+                               atol=1e-9)
     assert (t.batch_size * o.batch_ramp_max, t.budget_minutes, plan.data.max_seq_length) == (8192, 1440.0, 128)
     assert plan.task_options.mask_prob == 0.3 and plan.task_options.max_predictions == 39
     assert plan.pretrain.sentence_task == "none" and m.preset == "crammed-base"
@@ -48,7 +55,7 @@ def test_the_recipe_is_the_papers():
 
 def test_one_cycle_is_a_triangle_and_the_ramp_reaches_its_top_at_its_fraction():
     from nli_jax.train.optimizers import learning_rate_schedule, ramp_schedule
-    opt = _plan(one_cycle_peak=0.25, batch_ramp_max=8, batch_ramp_fraction=0.5).optimizer
+    opt = _plan(one_cycle_peak=0.25, one_cycle_start=0.0, batch_ramp_max=8, batch_ramp_fraction=0.5).optimizer
     lr = learning_rate_schedule(opt, total_steps=400, steps_per_epoch=10, warmup_steps=0)
     values = [float(lr(s)) for s in (0, 50, 100, 250, 400)]
     np.testing.assert_allclose(values, [0.0, 0.5e-3, 1e-3, 0.5e-3, 0.0], atol=1e-9)

@@ -9,8 +9,9 @@ token embeddings; no dropout in pretraining (model.overrides, set here). Objecti
 the masked positions only, no sentence task, 30% of the tokens masked (MosaicBERT; 80/10/10
 replacement), sequence 128. Training (the papers' numbers, /work/shared/reference/papers.md, and
 Cramming's published bert-o4 recipe): AdamW at 1e-3 (decay 0.01, not on norms), a one-cycle
-(triangle) schedule over the run (optimizer.schedule "one_cycle": up to the peak at
-optimizer.one_cycle_peak of the run, then down to 0, no warmup beside it), the batch ramped by
+(triangle) schedule over the run (optimizer.schedule "one_cycle", Cramming's budget-triangle2: from
+a quarter of the peak rate, optimizer.one_cycle_start, up to the peak at optimizer.one_cycle_peak =
+75% of the run, then down to 0; no warmup beside it), the batch ramped by
 accumulation (optimizer.batch_ramp_max micro-batches per update, reached at
 optimizer.batch_ramp_fraction of the run: 128 x 64 = 8,192 at 60%), gradient clipping at 0.5, and a
 wall-clock budget (train.budget_minutes: Cramming's day, 1,440 minutes) over which the schedule and
@@ -50,7 +51,7 @@ def get_config(arg=None):
         c.data.max_seq_length = 128  # Cramming's length (pretrain_config's phase 1 has it too)
     c.task_options.mask_prob = MASK_PROB
     c.optimizer.update(name="adamw", lr=1e-3, b1=0.9, b2=0.98, eps=1e-12, weight_decay=0.01, grad_clip=0.5,
-                       schedule="one_cycle", one_cycle_peak=0.5, warmup_steps=0, warmup_ratio=0.0,
+                       schedule="one_cycle", one_cycle_start=0.25, one_cycle_peak=0.75, warmup_steps=0, warmup_ratio=0.0,
                        batch_ramp_max=64, batch_ramp_fraction=0.6)
     if cpu_learn:  # :cpu_learn's data, batch 64, model width and evaluation; 25 minutes
         c.train.update(budget_minutes=25.0, max_steps=1_000_000, eval_every_steps=1000, checkpoint_every_steps=1000)

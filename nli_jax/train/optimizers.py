@@ -6,7 +6,8 @@ lamb  - LAMB with the same exclusions (ALBERT / IndoBERT-lite pretraining)
 
 Schedules, all after an optional linear warmup: constant, linear decay to 0, polynomial decay,
 and exponential per epoch (IndoNLU: lr * gamma ** epoch, gamma 0.9); and one_cycle (Cramming's
-triangle): linear from 0 to lr at `one_cycle_peak` of the run, then linear to 0 at its end.
+triangle): linear from `one_cycle_start` x lr to lr at `one_cycle_peak` of the run, then linear to 0
+at its end.
 
 Batch ramp (`batch_ramp_max` > 1, Cramming's): the optimizer updates every k steps, averaging the
 gradients of those k steps, k growing linearly with the run's progress from 1 to batch_ramp_max at
@@ -46,7 +47,7 @@ def learning_rate_schedule(opt: OptimizerPlan, *, total_steps: int, steps_per_ep
                                         staircase=True)
     elif opt.schedule == "one_cycle":
         up = max(1, int(round(float(opt.one_cycle_peak) * total_steps)))
-        after = optax.join_schedules([optax.linear_schedule(0.0, lr, up),
+        after = optax.join_schedules([optax.linear_schedule(float(opt.one_cycle_start) * lr, lr, up),
                                       optax.linear_schedule(lr, 0.0, max(1, decay_steps - up))], [up])
     else:
         raise ValueError(f"unknown optimizer.schedule {opt.schedule!r}; expected constant, linear, polynomial, "

@@ -350,7 +350,7 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
     if opt.schedule == "one_cycle" and (opt.warmup_steps or opt.warmup_ratio):
         problems.append(f"{flag('optimizer.warmup_steps', opt.warmup_steps)}, "
                         f"{flag('optimizer.warmup_ratio', opt.warmup_ratio)}: optimizer.schedule='one_cycle' rises "
-                        "from 0 itself (optimizer.one_cycle_peak); set both to 0")
+                        "to its peak itself (optimizer.one_cycle_start, optimizer.one_cycle_peak); set both to 0")
     if plan.train.record_dynamics and not task.records_dynamics:
         problems.append(f"--config.train.record_dynamics=True: task {plan.task!r} has no one prediction per example "
                         "to record (training dynamics are for sequence-level tasks: NLI, EmoT, SmSA, WReTE, CASA, "
