@@ -59,14 +59,14 @@ def set_up(config, workdir: str):
     return plan, run, steps, train_source
 
 
-def torch_side(run, plan, same_init: str = ""):
+def torch_side(run, plan, same_init: str = "", seed: int = 0):
     """(model, optimizer) of transformers' ModernBertForMaskedLM of the run's shape: its own
     initialisation, or (`same_init`: an export of nli-jax's initial parameters) nli-jax's."""
     import torch
     from transformers import ModernBertConfig, ModernBertForMaskedLM
     from nli_jax.models import modernbert
     hf_config = {k: v for k, v in modernbert.to_hf(run.model.config).items() if k != "dtype"}
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = (ModernBertForMaskedLM.from_pretrained(same_init, attn_implementation="eager") if same_init else
              ModernBertForMaskedLM(ModernBertConfig(**hf_config, attn_implementation="eager")))
     o = plan.optimizer
@@ -95,7 +95,7 @@ def torch_loss(model, batch):
     return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def side_by_side(plan, run, steps, train_source, same_init_dir: str = "") -> dict:
+def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: int = 0) -> dict:
     """Both sides step by step on each of the run's batches: {"nli-jax": [loss], "transformers":
     [loss], "lr": [...], "update": [bool], "seconds": {...}}."""
     import jax
@@ -111,7 +111,7 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "") -> dic
     if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
         from nli_jax.train.tools import export
         export(run, state["params"], same_init_dir)
-    model, optimizer = torch_side(run, plan, same_init_dir)
+    model, optimizer = torch_side(run, plan, same_init_dir, seed)
     model.train()
     k = ramp_schedule(plan.optimizer, total)
     batches = iter(loop.train_batches(run, train_source, total).iterator(0))
@@ -178,6 +178,8 @@ def main():
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--window", type=int, default=50, help="steps per mean of the loss curves")
     parser.add_argument("--png", default="", help="default <workdir>/crammed_vs_transformers.png")
+    parser.add_argument("--seed", type=int, default=0, help="another pair of initialisations (nli-jax's "
+                        "train.seed + seed, torch's seed); the batches stay the same")
     parser.add_argument("--same_init", action="store_true",
                         help="transformers starts from nli-jax's initial parameters (isolates the update rule)")
     parser.add_argument("--ramp_fraction", type=float, default=0.0,
@@ -190,10 +192,11 @@ def main():
     config = crammed_config(vocab_dir, examples_dir, args.steps)
     if args.ramp_fraction:
         config.optimizer.batch_ramp_fraction = args.ramp_fraction
-    name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "")
+    config.train.seed += args.seed
+    name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "") + (f"_seed{args.seed}" if args.seed else "")
     plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", name))
     curves = side_by_side(plan, run, steps, train_source,
-                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "")
+                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "", args.seed)
     a, b = np.asarray(curves["nli-jax"]), np.asarray(curves["transformers"])
     gap = np.abs(a - b)
     wa, wb = windows(curves["nli-jax"], args.window), windows(curves["transformers"], args.window)
