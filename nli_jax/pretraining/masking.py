@@ -195,7 +195,7 @@ class MaskedBatching:
     is_continuation: np.ndarray = dataclasses.field(compare=False)
     row_offset: int
     global_rows: int
-    evaluation_config: MaskingConfig | None = None  # the held-out masking, when not the training's
+    evaluation_config: MaskingConfig  # the held-out masking (task_options.heldout_mask_prob)
     random = True
     bucketed = False  # one fixed shape
     needs_global_lengths = False
@@ -207,4 +207,4 @@ class MaskedBatching:
                           global_rows=self.global_rows)
 
     def evaluation(self, rows, *, min_length: int = 0, rng=None) -> dict:
-        return mask_batch(rows, rng, self.evaluation_config or self.config, self.is_continuation)
+        return mask_batch(rows, rng, self.evaluation_config, self.is_continuation)

@@ -55,6 +55,14 @@ class MaskingOptions(TaskOptions):
     def masking_rule(self) -> MaskingRule:
         raise NotImplementedError(f"{type(self).__name__} names no masking rule")
 
+    def heldout_masking_rule(self, max_seq_length: int) -> MaskingRule:
+        """The training rule, or at `heldout_mask_prob` with the cap that rate fills at the length
+        (not the training's cap), so runs given the same held-out rate and length draw the same masks."""
+        rule, rate = self.masking_rule(), self.heldout_mask_prob
+        if not rate:
+            return rule
+        return dataclasses.replace(rule, mask_prob=rate, max_predictions=math.ceil(round(rate * max_seq_length, 6)))
+
 
 @dataclasses.dataclass(frozen=True)
 class MaskedLMOptions(MaskingOptions):
@@ -85,11 +93,7 @@ class Pretraining(Task):
         super().__init__(data, options)
         self.pretrain, self.model = pretrain, model
         self.masking = options.masking_rule()
-        # Given a held-out rate, the held-out cap is what that rate fills at the length (not the
-        # training's cap), so runs with the same held-out rate and length draw the same masks.
-        rate = options.heldout_mask_prob
-        self.heldout_masking = self.masking if not rate else dataclasses.replace(
-            self.masking, mask_prob=rate, max_predictions=math.ceil(round(rate * data.max_seq_length, 6)))
+        self.heldout_masking = options.heldout_masking_rule(data.max_seq_length)
 
     def continuable(self) -> tuple[str, ...]:
         """The model_types a model.init may have: BERT and ALBERT (transformers' *ForPreTraining
