@@ -1,6 +1,6 @@
 """What recording training dynamics costs: the loop's own jitted train step
 (nli_jax.train.loop.initial_state_and_step) built with and without per-example outputs
-(train.record_dynamics), timed in alternating rounds on the same real batches, plus the
+(hooks.dynamics), timed in alternating rounds on the same real batches, plus the
 recorder's host-side work per step (its fetch and write at each checkpoint).
 
     python -m benchmarks.dynamics_cost                      # MiniLM-L6, IndoNLI pairs, batch 32, length 128
@@ -38,7 +38,8 @@ def main():
 
     from configs import indonli_base
     from nli_jax.data import pipeline
-    from nli_jax.train import dynamics, planner
+    from nli_jax.hooks import dynamics
+    from nli_jax.train import planner
     from nli_jax.train.loop import initial_state_and_step
     from nli_jax.train.optimizers import make_optimizer
     from nli_jax.train.setup import prepare, training_examples

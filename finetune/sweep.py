@@ -186,7 +186,7 @@ def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
             metric = results["primary_metric"]
             cell["primary_metric"] = metric
             cell["splits"] = {s: r[metric] for s, r in results["splits"].items()}
-            # Expected calibration error per split, raw and temperature-scaled (train.calibration).
+            # Expected calibration error per split, raw and temperature-scaled (hooks.calibration).
             cell["ece"] = {s: {k: r["calibration"][k]["ece"] for k in ("raw", "temperature_scaled")
                                if k in r["calibration"]}
                            for s, r in results["splits"].items() if r.get("calibration")}

@@ -23,106 +23,15 @@ can take them as static arguments), and they add no dependency.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, ClassVar
+from typing import Any
+
+from nli_jax import options
+from nli_jax.options import Check, Options, check_of, flag, option  # noqa: F401  (the declarations' API)
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """The accepted values of one config field: its kind and (for numbers) its range."""
-    kind: str  # int, float, bool, str, ints, strs, choice, optional_float, any; section, derived (not config values)
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # low < value instead of low <= value
-    high_open: bool = False
-    choices: tuple = ()
-
-    def problem(self, value) -> str | None:
-        """Why `value` is not acceptable, or None."""
-        kind = self.kind
-        if kind in ("any", "section", "derived"):
-            return None
-        if kind == "optional_float":
-            if value is None:
-                return None
-            kind = "float"
-        if kind == "bool":
-            return None if isinstance(value, bool) else f"must be True or False, got {value!r}"
-        if kind == "str":
-            return None if isinstance(value, str) else f"must be a string, got {value!r}"
-        if kind == "choice":
-            return None if value in self.choices else f"must be one of {list(self.choices)}, got {value!r}"
-        if kind in ("ints", "strs"):
-            if not isinstance(value, (tuple, list)):
-                return f"must be a tuple, got {value!r}"
-            inner = Check("int" if kind == "ints" else "str", self.low, self.high, self.low_open, self.high_open)
-            for item in value:
-                bad = inner.problem(item)
-                if bad:
-                    return f"element {item!r}: {bad}"
-            return None
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"must be an integer, got {value!r}"
-        elif kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return f"must be a number, got {value!r}"
-            if not math.isfinite(value):
-                return f"must be finite, got {value!r}"
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return f"must be {'>' if self.low_open else '>='} {self.low:g}{self._range()}, got {value!r}"
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return f"must be {'<' if self.high_open else '<='} {self.high:g}{self._range()}, got {value!r}"
-        return None
-
-    def _range(self) -> str:
-        if self.low is None or self.high is None:
-            return ""
-        return (f" (range {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                f"{')' if self.high_open else ']'})")
-
-
-def _field(kind: str, low=None, high=None, *, low_open=False, high_open=False, choices=(), default=dataclasses.MISSING,
-           **metadata):
-    return dataclasses.field(default=default,
-                             metadata={"check": Check(kind, low, high, low_open, high_open, tuple(choices)), **metadata})
-
-
-def _int(default, low=None, high=None):
-    return _field("int", low, high, default=default)
-
-
-def _float(default, low=None, high=None, *, low_open=False, high_open=False):
-    return _field("float", low, high, low_open=low_open, high_open=high_open, default=default)
-
-
-def _choice(default, *choices):
-    return _field("choice", choices=choices, default=default)
-
-
-def _bool(default):
-    return _field("bool", default=default)
-
-
-def _str(default=""):
-    return _field("str", default=default)
-
-
-def option(default, *, low=None, high=None, low_open=False, high_open=False, choices=(), path=False,
-           model_input=False):
-    """A field of a task's options (`TaskOptions`): its default and accepted values, the kind
-    taken from the default (or `choices`). `path`: names a file or directory (local or gs://,
-    checked before anything is read); `model_input`: changes what the model is given (a
-    checkpoint trained with one value is not evaluated with another)."""
-    kind = ("choice" if choices else "bool" if isinstance(default, bool) else "int" if isinstance(default, int)
-            else "float" if isinstance(default, float) else "str" if isinstance(default, str) else "any")
-    return _field(kind, low, high, low_open=low_open, high_open=high_open, choices=choices, default=default, path=path,
-                  model_input=model_input)
-
-
-def check_of(field: dataclasses.Field) -> Check:
-    return field.metadata.get("check", Check("any"))
-
+# Field declarations (each with its Check) are nli_jax.options'; the sections below use them.
+_int, _float, _choice, _bool, _str = options._int, options._float, options._choice, options._bool, options._str
+_field = options._field
 
 # --- values of older configs ----------------------------------------------------------------
 
@@ -258,29 +167,18 @@ OVERRIDE_CHECKS = {
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerPlan:
-    """`config.optimizer`: the optimizer and its learning-rate schedule (warmup: StepPlan)."""
+    """`config.optimizer`: the optimizer, its learning rate, warmup (the steps: StepPlan) and the
+    schedule's name; the schedule's own options are `config.schedules.<name>` (nli_jax.schedules)."""
     name: str = _choice("adam", "adam", "adamw", "lamb")
     lr: float = _float(1e-5, 0.0, 1.0, low_open=True)
-    schedule: str = _choice("constant", "constant", "linear", "polynomial", "exponential_per_epoch", "one_cycle")
-    # one_cycle (Cramming's triangle): linear from one_cycle_start x lr up to lr at one_cycle_peak
-    # of the run, then down to 0 at its end (Cramming's budget-triangle2: 0.25 and 0.75).
-    one_cycle_peak: float = _float(0.5, 0.0, 1.0, low_open=True, high_open=True)
-    one_cycle_start: float = _float(0.0, 0.0, 1.0, high_open=True)
+    schedule: str = _str("constant")  # a registered schedule (nli_jax.schedules), checked by the planner
     warmup_steps: int = _int(0, 0)
     warmup_ratio: float = _float(0.0, 0.0, 1.0, high_open=True)
-    decay_rate: float = _float(0.9, 0.0, 1.0, low_open=True)  # exponential_per_epoch: lr x decay_rate ** epoch
-    end_lr: float = _float(0.0, 0.0)  # polynomial: the rate it decays to
-    power: float = _float(1.0, 0.0, low_open=True)  # polynomial: the decay's power
     b1: float = _float(0.9, 0.0, 1.0, high_open=True)
     b2: float = _float(0.999, 0.0, 1.0, high_open=True)
     eps: float = _float(1e-8, 0.0, low_open=True)
     weight_decay: float = _float(0.0, 0.0)
     grad_clip: float = _float(1.0, 0.0)
-    # The batch ramped up by accumulation (Cramming): an update every k steps, k growing linearly
-    # from 1 to batch_ramp_max at batch_ramp_fraction of the run (then kept), the gradients of those
-    # steps averaged; the schedule is read at the step (the run's progress). 1: every step.
-    batch_ramp_max: int = _int(1, 1)
-    batch_ramp_fraction: float = _float(0.6, 0.0, 1.0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,13 +203,6 @@ class TrainPlan:
     budget_minutes: float = _float(0.0, 0.0)
     budget_calibration_steps: int = _int(20, 2)
     peak_tflops_per_device: float = _float(0.0, 0.0)  # e.g. 123 for TPU v3 bf16: enables MFU in the log
-    # Training dynamics (dataset cartography, nli_jax.train.dynamics): every training example's
-    # gold-label probability and correctness each epoch, from the training step itself, in <workdir>/dynamics/.
-    record_dynamics: bool = _bool(False)
-    dynamics_every_steps: int = _int(0, 0)  # > 0: instead, the whole training split every N steps (one-epoch runs)
-    # Calibration (nli_jax.train.calibrate): ECE, MCE, Brier and NLL per split, a temperature fitted
-    # on validation (NLL), reliability diagrams; calibrated probabilities next to the raw ones.
-    calibration: bool = _bool(True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,23 +237,12 @@ class PretrainPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskOptions:
+class TaskOptions(Options):
     """The options one task (or pretraining objective) alone reads, declared beside it as a
     subclass with a default and accepted values per field (`option(...)`), registered with it
     (`register("name", options=...)`). The planner builds `RunPlan.task_options` from
-    `config.task_options`: a key the config lacks takes the default here, one the task does not
-    declare is refused. `problems()`: relations between the options (refusals, with the flags)."""
-
-    def problems(self) -> list[str]:
-        return []
-
-    @classmethod
-    def path_fields(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("path")]
-
-    @classmethod
-    def model_input_fields(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("model_input")]
+    `config.task_options` (nli_jax.options.resolve): a key the config lacks takes the default here,
+    one the task does not declare is refused. `problems()`: relations between the options."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,49 +250,20 @@ class NoOptions(TaskOptions):
     """A task without options of its own."""
 
 
-# Keys an older nli-jax's config.json (and command lines) had in a shared section that are a
-# task's options now, under the same name: config.task_options.<name> when the run's task
-# declares it, else dropped (no task read it).
-MOVED_TO_TASK_OPTIONS = ("data.hypothesis_only", "data.word_alignment", "data.train_size", "data.holdout_topic",
-                         "data.validation_fraction", "data.validation_seed", "data.translate_train_source",
-                         "data.mix_indonli_train", "pretrain.whole_word", "pretrain.max_ngram", "pretrain.mask_prob",
-                         "pretrain.max_predictions", "pretrain.random_token_low", "pretrain.generator_fraction",
-                         "pretrain.discriminator_weight")
-
-
-def moved_key(key: str) -> str | None:
-    """Where an older config key lives now (task_options.<name>), or None."""
-    return f"task_options.{key.split('.', 1)[1]}" if key in MOVED_TO_TASK_OPTIONS else None
-
-
-def upgrade_config_json(config_json: dict, options: type[TaskOptions]) -> dict:
-    """An older config.json as today's: its moved keys under task_options (those the task's
-    `options` declares; the others no task read). Today's config.json comes back unchanged."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config_json.items()}
-    names = {f.name for f in dataclasses.fields(options)}
-    moved = {}
-    for key in MOVED_TO_TASK_OPTIONS:
-        section, name = key.split(".", 1)
-        if isinstance(out.get(section), dict) and name in out[section]:
-            value = out[section].pop(name)
-            if name in names:
-                moved[name] = value
-    if moved:
-        out["task_options"] = {**moved, **dict(out.get("task_options") or {})}
-    return out
-
-
-def section_defaults(cls) -> dict[str, Any]:
-    """{field: default} of a plan section or options class."""
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+section_defaults = options.defaults  # {field: default} of a plan section or options class
 
 
 def default_config(task: str, task_options: dict, *, pretrain: bool = False):
     """Every key a run's config has, with its default, as an ml_collections ConfigDict: the
     sections above, the task's options as given (nli_jax.tasks.options_config: its options
-    class's defaults), and `pretrain` when asked for. configs/finetune_common.py starts every
-    recipe from this."""
+    class's defaults), every registered schedule's and run hook's options (`schedules.<name>`,
+    `hooks.<name>`), the batch ramp's, and `pretrain` when asked for.
+    configs/finetune_common.py starts every recipe from this."""
     import ml_collections
+
+    from nli_jax.hooks import HOOKS
+    from nli_jax.schedules import SCHEDULES
+    from nli_jax.train.batch_ramp import BatchRampOptions
     c = ml_collections.ConfigDict()
     c.task = task
     c.eval_splits = ("validation",)
@@ -432,6 +283,9 @@ def default_config(task: str, task_options: dict, *, pretrain: bool = False):
         {name: ml_collections.config_dict.placeholder(float) for name in OVERRIDE_CHECKS})
     c.model = ml_collections.ConfigDict(model)
     c.mesh = ml_collections.ConfigDict({"shape": dict(MESH_SHAPE), "rules": MESH_RULES})
+    c.schedules = ml_collections.ConfigDict(SCHEDULES.default_options())
+    c.batch_ramp = ml_collections.ConfigDict(section_defaults(BatchRampOptions))
+    c.hooks = ml_collections.ConfigDict(HOOKS.default_options())
     if pretrain:
         c.pretrain = ml_collections.ConfigDict(section_defaults(PretrainPlan))
     return c
@@ -495,6 +349,9 @@ class RunPlan:
     data: DataPlan = _field("section")
     model: ModelPlan = _field("section")
     optimizer: OptimizerPlan = _field("section")
+    schedule: Options = _field("section")  # optimizer.schedule's own options (config.schedules.<name>)
+    batch_ramp: Options = _field("section")  # config.batch_ramp (nli_jax.train.batch_ramp.BatchRampOptions)
+    hooks: tuple = _field("section")  # ((name, options), ...) of every registered run hook (config.hooks)
     train: TrainPlan = _field("section")
     mesh: MeshPlan = _field("section")
     pretrain: PretrainPlan | None = _field("section")
@@ -504,3 +361,13 @@ class RunPlan:
     @property
     def seed(self) -> int:
         return self.train.seed
+
+    def hook(self, name: str) -> Options:
+        """The options of run hook `name`."""
+        return dict(self.hooks)[name]
+
+    def component_options(self) -> list[tuple[str, Options]]:
+        """(config key, options) of every component the run has: its task, schedule, batch ramp
+        and hooks."""
+        return [("task_options", self.task_options), (f"schedules.{self.optimizer.schedule}", self.schedule),
+                ("batch_ramp", self.batch_ramp), *((f"hooks.{name}", o) for name, o in self.hooks)]

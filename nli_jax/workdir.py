@@ -3,7 +3,7 @@ the run is, its run.json how far it got (running, interrupted at step N, finishe
 it holds trained state. The other files inside it are owned by the modules that write them:
 checkpoints/ and best/ (nli_jax.train.checkpointing), inputs.json (nli_jax.train.inputs),
 results.json, predictions.jsonl, train.log, metrics.jsonl and tensorboard/
-(nli_jax.train.reporting), dynamics/ and calibration.json (nli_jax.train.dynamics, calibrate).
+(nli_jax.train.reporting), dynamics/ and calibration.json (nli_jax.hooks.dynamics, calibration).
 
 A workdir holds one config: rerunning it with a config whose keys differ (other than those
 in RESUMABLE_CHANGES) is refused, naming the keys. A key that an older nli-jax did not have is
@@ -84,9 +84,10 @@ def _defaults(task: str, options) -> dict:
 def config_differences(saved: dict, current: dict, options=None) -> list[str]:
     """'key: saved -> current' for every key that differs, except the resumable ones and keys
     the saved config lacks that the current one gives its default. An older nli-jax's keys are
-    read where they are now (nli_jax.plan.upgrade_config_json), for the current run's task
+    read where they are now (nli_jax.migrations.upgrade_config_json), for the current run's task
     `options` class (a TaskOptions subclass; none: NoOptions)."""
-    from nli_jax.plan import LEGACY_VALUES, NoOptions, upgrade_config_json
+    from nli_jax.migrations import upgrade_config_json
+    from nli_jax.plan import LEGACY_VALUES, NoOptions
     options = options or NoOptions
     saved = upgrade_config_json(saved, options)
     # An older nli-jax's value for a key is the same run as today's spelling of it (remat: false = "none").

@@ -70,8 +70,8 @@ def optimizer_plan(**changes):
     """An OptimizerPlan for step-level tests: plain Adam at 1e-3, constant, no warmup, weight
     decay or clipping, unless changed."""
     from nli_jax.plan import OptimizerPlan
-    values = dict(name="adam", lr=1e-3, schedule="constant", warmup_steps=0, warmup_ratio=0.0, decay_rate=0.9,
-                  end_lr=0.0, power=1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=0.0)
+    values = dict(name="adam", lr=1e-3, schedule="constant", warmup_steps=0, warmup_ratio=0.0, b1=0.9, b2=0.999,
+                  eps=1e-8, weight_decay=0.0, grad_clip=0.0)
     values.update(changes)
     return OptimizerPlan(**values)
 

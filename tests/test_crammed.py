@@ -22,27 +22,29 @@ from conftest import REPO
 CONFIG = "configs/pretrain/crammed.py"
 
 
-def _plan(arg="cpu_test", **optimizer):
+def _plan(arg="cpu_test", one_cycle=None, batch_ramp=None, **optimizer):
     from configs.pretrain import crammed
     from nli_jax.train.planner import build_plan
     config = crammed.get_config(arg)
     config.optimizer.update(**optimizer)
+    config.schedules.one_cycle.update(**(one_cycle or {}))
+    config.batch_ramp.update(**(batch_ramp or {}))
     return build_plan(config, training=False)
 
 
 def test_the_recipe_is_the_papers():
     plan = _plan(None)
-    o, t, m = plan.optimizer, plan.train, plan.model
-    assert (o.schedule, o.one_cycle_start, o.one_cycle_peak, o.grad_clip, o.lr, o.batch_ramp_max,
-            o.batch_ramp_fraction) == ("one_cycle", 0.25, 0.75, 0.5, 1e-3, 64, 0.6)
+    o, t, m, r = plan.optimizer, plan.train, plan.model, plan.batch_ramp
+    assert (o.schedule, plan.schedule.start, plan.schedule.peak, o.grad_clip, o.lr, r.max_accumulation,
+            r.fraction) == ("one_cycle", 0.25, 0.75, 0.5, 1e-3, 64, 0.6)
     # Cramming's budget-triangle2 (cramming/utils.py, get_budget_triangle with base_percentage 0.25,
     # falloff 0.25): min(0.25 + x, (1 - x) / 0.25) of the rate at progress x.
     from nli_jax.train.optimizers import learning_rate_schedule
-    lr = learning_rate_schedule(o, total_steps=1000, steps_per_epoch=10, warmup_steps=0)
+    lr = learning_rate_schedule(o, plan.schedule, total_steps=1000, steps_per_epoch=10, warmup_steps=0)
     x = np.arange(0, 1000, 7)
     np.testing.assert_allclose([float(lr(s)) for s in x], 1e-3 * np.minimum(0.25 + x / 1000, (1 - x / 1000) / 0.25),
                                atol=1e-9)
-    assert (t.batch_size * o.batch_ramp_max, t.budget_minutes, plan.data.max_seq_length) == (8192, 1440.0, 128)
+    assert (t.batch_size * r.max_accumulation, t.budget_minutes, plan.data.max_seq_length) == (8192, 1440.0, 128)
     assert plan.task_options.mask_prob == 0.3 and plan.task_options.max_predictions == 39
     assert plan.pretrain.sentence_task == "none" and m.preset == "crammed-base"
     from nli_jax.models import preset
@@ -54,12 +56,13 @@ def test_the_recipe_is_the_papers():
 
 
 def test_one_cycle_is_a_triangle_and_the_ramp_reaches_its_top_at_its_fraction():
-    from nli_jax.train.optimizers import learning_rate_schedule, ramp_schedule
-    opt = _plan(one_cycle_peak=0.25, one_cycle_start=0.0, batch_ramp_max=8, batch_ramp_fraction=0.5).optimizer
-    lr = learning_rate_schedule(opt, total_steps=400, steps_per_epoch=10, warmup_steps=0)
+    from nli_jax.train.batch_ramp import ramp_schedule
+    from nli_jax.train.optimizers import learning_rate_schedule
+    plan = _plan(one_cycle=dict(peak=0.25, start=0.0), batch_ramp=dict(max_accumulation=8, fraction=0.5))
+    lr = learning_rate_schedule(plan.optimizer, plan.schedule, total_steps=400, steps_per_epoch=10, warmup_steps=0)
     values = [float(lr(s)) for s in (0, 50, 100, 250, 400)]
     np.testing.assert_allclose(values, [0.0, 0.5e-3, 1e-3, 0.5e-3, 0.0], atol=1e-9)
-    k = ramp_schedule(opt, 400)
+    k = ramp_schedule(plan.batch_ramp, 400)
     assert [int(k(jnp.int32(s))) for s in (0, 28, 29, 199, 200, 399)] == [1, 1, 2, 7, 8, 8]
 
 
@@ -68,8 +71,10 @@ def test_ramped_updates_are_the_optimizer_on_the_mean_gradient_every_k_steps():
     the mean of two steps' gradients (AdamW, clipped at 0.5), scaled by the schedule at that step;
     zero updates in between."""
     from nli_jax.train.optimizers import make_optimizer
-    opt = _plan(batch_ramp_max=2, batch_ramp_fraction=1e-6, weight_decay=0.0).optimizer
-    tx, schedule = make_optimizer(opt, total_steps=100, steps_per_epoch=10, warmup_steps=0)
+    plan = _plan(batch_ramp=dict(max_accumulation=2, fraction=1e-6), weight_decay=0.0)
+    opt = plan.optimizer
+    tx, schedule = make_optimizer(opt, plan.schedule, plan.batch_ramp, total_steps=100, steps_per_epoch=10,
+                                  warmup_steps=0)
     params = {"w": {"kernel": jnp.ones((3, 2))}}
     grads = [{"w": {"kernel": jnp.full((3, 2), g)}} for g in (0.5, 0.3, -1.1, 0.7, 0.2)]
     state = tx.init(params)

@@ -25,11 +25,11 @@ def _train(workdir, *assignments):
 def run(tmp_path_factory):
     """cpu_test (6 epochs of the 300 fixture pairs) with training dynamics recorded."""
     workdir = tmp_path_factory.mktemp("dynamics") / "run"
-    return workdir, _train(workdir, "train.record_dynamics=True")
+    return workdir, _train(workdir, "hooks.dynamics.enabled=True")
 
 
 def _records(workdir):
-    from nli_jax.train.dynamics import read_records
+    from nli_jax.hooks.dynamics import read_records
     return read_records(str(workdir))
 
 
@@ -117,13 +117,13 @@ def test_a_subset_naming_unknown_ids_is_refused_before_compute(tmp_path):
 def test_dynamics_of_another_run_in_the_workdir_are_refused(run, tmp_path):
     import shutil
 
-    from nli_jax.train.dynamics import DynamicsError
+    from nli_jax.hooks.dynamics import DynamicsError
     workdir, _ = run
     target = tmp_path / "work"
     target.mkdir()
     shutil.copytree(workdir / "dynamics", target / "dynamics")  # copied from a run of another config
     with pytest.raises(DynamicsError, match=r"dynamics/meta.json belongs to another run or task \(config_sha256"):
-        _train(target, "train.record_dynamics=True", "optimizer.lr=0.002")
+        _train(target, "hooks.dynamics.enabled=True", "optimizer.lr=0.002")
     assert not (target / "config.json").exists()
     # The analysis of a run whose records are not its own.
     meta = json.loads((workdir / "dynamics" / "meta.json").read_text())
@@ -135,9 +135,9 @@ def test_dynamics_of_another_run_in_the_workdir_are_refused(run, tmp_path):
 
 
 @pytest.mark.parametrize("assignments,message", [
-    (("task='nerp'", "train.record_dynamics=True"),
-     "--config.train.record_dynamics=True: task 'nerp' has no one prediction per example"),
-    (("train.dynamics_every_steps=5",), "--config.train.dynamics_every_steps=5: records training dynamics: also"),
+    (("task='nerp'", "hooks.dynamics.enabled=True"),
+     "--config.hooks.dynamics.enabled=True: task 'nerp' has no one prediction per example"),
+    (("hooks.dynamics.every_steps=5",), "--config.hooks.dynamics.every_steps=5: records training dynamics: also"),
 ])
 def test_dynamics_settings_a_task_cannot_record_are_refused(assignments, message):
     from nli_jax.errors import ConfigValueError
@@ -149,7 +149,7 @@ def test_dynamics_settings_a_task_cannot_record_are_refused(assignments, message
 @pytest.mark.slow  # tens of seconds: python -m pytest -m slow
 def test_every_n_steps_records_the_whole_training_split(tmp_path):
     """One-epoch runs: an evaluation of the training split every N steps, every example each time."""
-    _train(tmp_path / "run", "train.record_dynamics=True", "train.dynamics_every_steps=6", "train.num_epochs=1",
+    _train(tmp_path / "run", "hooks.dynamics.enabled=True", "hooks.dynamics.every_steps=6", "train.num_epochs=1",
            "optimizer.warmup_steps=0")
     records = _records(tmp_path / "run")
     assert np.bincount(records["pass"]).tolist() == [300, 300, 300]  # steps 6, 12, 18
@@ -279,7 +279,7 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
                f"--config.model.init={minilm_dir}", f"--config.data.source={tmp_path / 'src'}",
                f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=64",
                "--config.train.batch_size=32", "--config.train.num_epochs=4", "--config.optimizer.lr=1e-4",
-               "--config.train.early_stopping_patience=0", "--config.train.record_dynamics=True",
+               "--config.train.early_stopping_patience=0", "--config.hooks.dynamics.enabled=True",
                "--config.eval_splits=validation"]
     for args in (command, [sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={workdir}"]):
         proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,

@@ -85,7 +85,7 @@ def _nli_configs(family, data, tmp):
     from configs import finetune_common
     from nli_jax.train import cli
     preset, _, indonli = FAMILIES[family]
-    common = ["train.record_dynamics=True", "export_best=True", f"data.tfds_dir={tmp / 'tfds'}"]
+    common = ["hooks.dynamics.enabled=True", "export_best=True", f"data.tfds_dir={tmp / 'tfds'}"]
     configs = {"indonli": config_for(f"{indonli}:cpu_test", f"eval_splits={NLI_SPLITS}", f"train.max_steps={2 * STEPS}",
                                      *common)}
     for name, splits in (("ocnli", ("validation",)), ("inferes", ("validation", "topic_ood"))):
@@ -113,7 +113,7 @@ def family_runs(request, small_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(family)
     common = [f"model.preset={preset}", f"train.max_steps={STEPS}", "export_best=True", f"data.tfds_dir={tmp / 'tfds'}"]
     runs = {}
-    for group, tasks, extra in (("classification", indonlu.CLASSIFICATION_TASKS, ["train.record_dynamics=True"]),
+    for group, tasks, extra in (("classification", indonlu.CLASSIFICATION_TASKS, ["hooks.dynamics.enabled=True"]),
                                 ("tagging", indonlu.SEQUENCE_LABELLING_TASKS, [])):
         workdir, overrides = tmp / group, common + extra
         _, failures = indonlu_benchmark.run_benchmark("large", str(workdir), str(small_data / "indonlu"), tasks,
@@ -165,11 +165,11 @@ def test_every_task_trains_and_reports_its_metric_per_split(family_runs):
 
 @pytest.mark.slow  # reads the runs of the test above
 def test_training_dynamics_cover_every_training_example_of_the_classification_tasks(family_runs):
-    """train.record_dynamics: each classification run's records hold, for every training example
+    """hooks.dynamics: each classification run's records hold, for every training example
     it trained on, its gold label's probability."""
-    from nli_jax.train import dynamics
+    from nli_jax.hooks import dynamics
     family, runs = family_runs
-    recorded = [t for t, (c, _) in runs.items() if c.train.record_dynamics]
+    recorded = [t for t, (c, _) in runs.items() if c.hooks.dynamics.enabled]
     assert len(recorded) == 5 + 3, (family, recorded)  # the 5 IndoNLU classification tasks and the NLI corpora
     for task in recorded:
         config, workdir = runs[task]

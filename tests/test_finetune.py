@@ -122,7 +122,7 @@ def _free_port():
 
 def dynamics_records(workdir):
     """{(pass, example idx): (gold probability, correct)} of a run's training dynamics."""
-    from nli_jax.train.dynamics import read_records
+    from nli_jax.hooks.dynamics import read_records
     r = read_records(str(workdir))
     return {(int(p), int(i)): (float(g), float(c)) for p, i, g, c in
             zip(r["pass"], r["idx"], r["gold_probability"], r["correct"])}
@@ -136,7 +136,7 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
     recorded once, as by one process."""
     # Every batch its own bucket and row count (no shape planning, which on this fixture puts
     # every step in one shape): processes must agree on several.
-    common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.train.record_dynamics=True",
+    common = (*SHORT, f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.hooks.dynamics.enabled=True",
               "--config.data.compile_cost_tokens=0")
     run(tmp_path / "single", *common, devices=4)
     port = _free_port()
@@ -167,7 +167,7 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
 
 RESUME = ("--config.train.num_epochs=12", "--config.train.checkpoint_every_steps=20",
           "--config.train.async_checkpointing=True", "--config.eval_splits=('validation',)",
-          "--config.train.record_dynamics=True")
+          "--config.hooks.dynamics.enabled=True")
 
 
 @pytest.fixture(scope="module")

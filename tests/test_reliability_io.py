@@ -132,7 +132,7 @@ def test_a_split_name_with_a_path_is_one_line_and_writes_nothing(tmp_path):
 
 def test_the_writer_takes_one_path_component_per_name(tmp_path):
     from nli_jax import storage
-    from nli_jax.train import calibrate
+    from nli_jax.hooks import calibration as calibrate
     for name in ("..", "../x", "a/b", "", ".", "x\0y"):
         with pytest.raises(storage.UnsafePathError, match="one path component"):
             storage.under(tmp_path, name)
@@ -207,7 +207,7 @@ ALLOWED_WRITERS = {
     ("nli_jax/metrics/calibration.py", "fig.savefig(buffer"),  # into memory, then storage.write_bytes
     ("nli_jax/analysis/artifacts.py", "fig.savefig(png"),
     ("nli_jax/analysis/cartography.py", "fig.savefig(buffer"),
-    ("nli_jax/train/dynamics.py", "np.savez(buffer"),
+    ("nli_jax/hooks/dynamics.py", "np.savez(buffer"),
     ("nli_jax/pretraining/examples.py", "os.open(path, os.O_RDONLY)"),  # read-only, to fsync what was written
 }
 WRITE_PATTERN = re.compile(

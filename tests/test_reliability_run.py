@@ -485,7 +485,7 @@ def test_a_temperature_fitted_at_its_bound_is_neither_stored_nor_exported(tmp_pa
     import types
 
     from nli_jax.tasks import create_task
-    from nli_jax.train.calibrate import CalibrationHook
+    from nli_jax.hooks.calibration import CalibrationHook
     from nli_jax.train.evaluation import SplitEvaluation
     from nli_jax.train.planner import build_plan
     task = create_task(build_plan(config_with(), training=False))

@@ -11,31 +11,42 @@ import pytest
 from conftest import REPO
 
 OLDER = REPO / "tests" / "fixtures" / "older_config_json"
-# config.json files written by nli-jax at 6f8413a (before this change) for these configs.
+# config.json files written by nli-jax at 6f8413a (task options moved) and at 5272312 (schedule, batch
+# ramp and run hook options moved; the last four) for these configs.
 CASES = {
     "indonli_cpu_test_hypothesis_only": ("configs/indonli_large.py", "cpu_test,hypothesis_only"),
     "ocnli_10k": ("configs/ocnli.py", "train_size=10k"),
     "indonlu_nerp_cpu_test": ("configs/indonlu.py", "task=nerp,model=scratch,cpu_test"),
     "indobert_lite_base_cpu_test": ("configs/pretrain/indobert_lite_base.py", "cpu_test"),
     "electra_small_cpu_test": ("configs/pretrain/electra_small.py", "cpu_test"),
+    "crammed_cpu_test": ("configs/pretrain/crammed.py", "cpu_test"),
+    "indonlu_smsa_cpu_test": ("configs/indonlu.py", "task=smsa,model=scratch,cpu_test"),
+    "indonli_cpu_test_dynamics": ("configs/indonli_large.py", "cpu_test"),
+    "inferes_cpu_test": ("configs/inferes.py", "cpu_test"),
 }
+# What those runs set on the command line (train.record_dynamics=True, dynamics_every_steps=7,
+# calibration=False at 5272312), as today's keys.
+SET = {"indonli_cpu_test_dynamics": {"hooks.dynamics.enabled": True, "hooks.dynamics.every_steps": 7,
+                                     "hooks.calibration.enabled": False}}
 
 
 def _older(name: str) -> dict:
     return json.loads((OLDER / f"{name}.json").read_text().replace("{REPO}", str(REPO)))
 
 
-def _config(path: str, variant: str):
+def _config(path: str, variant: str, sets=None):
     import importlib
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-    return module.get_config(variant)
+    config = module.get_config(variant)
+    config.update_from_flattened_dict(sets or {})
+    return config
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_an_older_workdirs_config_is_todays_run(name, tmp_path):
     from nli_jax import workdir as workdir_lib
     from nli_jax.train import planner
-    plan = planner.build_plan(_config(*CASES[name]), training=False)
+    plan = planner.build_plan(_config(*CASES[name], SET.get(name)), training=False)
     older = _older(name)
     # The workdir check a rerun makes: no difference, so the run resumes.
     options = type(plan.task_options)
@@ -44,8 +55,16 @@ def test_an_older_workdirs_config_is_todays_run(name, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(older))
     saved = planner.build_plan(planner.saved_config(str(tmp_path)), training=False)
     assert saved.task_options == plan.task_options and saved.data == plan.data
-    assert workdir_lib.config_differences(older, dict(plan.config_json, task_options={
-        **plan.config_json["task_options"], next(iter(plan.config_json["task_options"])): "changed"}), options) != []
+    assert (saved.optimizer, saved.schedule, saved.batch_ramp, saved.hooks) == (plan.optimizer, plan.schedule,
+                                                                                 plan.batch_ramp, plan.hooks)
+    if plan.config_json["task_options"]:
+        assert workdir_lib.config_differences(older, dict(plan.config_json, task_options={
+            **plan.config_json["task_options"], next(iter(plan.config_json["task_options"])): "changed"}), options) != []
+    # A moved option that changed is a change of the run (the older value read where it is now).
+    calibration = plan.config_json["hooks"]["calibration"]
+    changed = dict(plan.config_json, hooks={**plan.config_json["hooks"],
+                                            "calibration": {**calibration, "enabled": not calibration["enabled"]}})
+    assert workdir_lib.config_differences(older, changed, options) != []
 
 
 def test_each_task_reads_its_own_options():

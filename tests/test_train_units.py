@@ -24,13 +24,15 @@ def test_weight_decay_skips_layernorm_and_biases():
 
 
 def test_schedules():
-    opt = optimizer_plan(lr=1.0, schedule="exponential_per_epoch", decay_rate=0.9)
-    s = learning_rate_schedule(opt, total_steps=30, steps_per_epoch=10, warmup_steps=0)
+    from nli_jax.schedules.classic import ExponentialPerEpochOptions
+    opt = optimizer_plan(lr=1.0, schedule="exponential_per_epoch")
+    s = learning_rate_schedule(opt, ExponentialPerEpochOptions(decay_rate=0.9), total_steps=30, steps_per_epoch=10,
+                               warmup_steps=0)
     np.testing.assert_allclose([s(0), s(9), s(10), s(25)], [1.0, 1.0, 0.9, 0.81], rtol=1e-6)
     s = learning_rate_schedule(optimizer_plan(lr=2.0, schedule="linear"), total_steps=110, steps_per_epoch=10,
                                warmup_steps=10)
     np.testing.assert_allclose([s(0), s(5), s(10), s(60), s(110)], [0.0, 1.0, 2.0, 1.0, 0.0], atol=1e-6)
-    with pytest.raises(ValueError, match="unknown optimizer.schedule"):
+    with pytest.raises(ValueError, match="unknown schedule 'cosine-ish'; registered: constant, exponential_per_epoch"):
         learning_rate_schedule(optimizer_plan(lr=1.0, schedule="cosine-ish"), total_steps=10, steps_per_epoch=1,
                                warmup_steps=0)
 

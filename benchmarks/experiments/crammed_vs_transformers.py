@@ -102,18 +102,19 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
     import torch
     from nli_jax.data import pipeline
     from nli_jax.train import loop
-    from nli_jax.train.optimizers import make_optimizer, ramp_schedule
+    from nli_jax.train.batch_ramp import ramp_schedule
+    from nli_jax.train.optimizers import make_optimizer
     torch.set_num_threads(os.cpu_count())
     total = steps.total_steps
-    tx, schedule = make_optimizer(plan.optimizer, total_steps=total, steps_per_epoch=steps.steps_per_epoch,
-                                  warmup_steps=steps.warmup_steps, unit_peak=True)
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=total,
+                                  steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
     state, train_step = loop.initial_state_and_step(run.steps, run.params, tx, schedule)
     if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
         from nli_jax.train.tools import export
         export(run, state["params"], same_init_dir)
     model, optimizer = torch_side(run, plan, same_init_dir, seed)
     model.train()
-    k = ramp_schedule(plan.optimizer, total)
+    k = ramp_schedule(plan.batch_ramp, total)
     batches = iter(loop.train_batches(run, train_source, total).iterator(0))
     out = {"nli-jax": [], "transformers": [], "lr": [], "update": [], "seconds": {"nli-jax": 0.0, "transformers": 0.0}}
     accumulated = 0
@@ -183,7 +184,7 @@ def main():
     parser.add_argument("--same_init", action="store_true",
                         help="transformers starts from nli-jax's initial parameters (isolates the update rule)")
     parser.add_argument("--ramp_fraction", type=float, default=0.0,
-                        help="optimizer.batch_ramp_fraction (default: the recipe's 0.6)")
+                        help="batch_ramp.fraction (default: the recipe's 0.6)")
     args = parser.parse_args()
     print(harness.line(), flush=True)
     harness.quiet_absl()
@@ -191,7 +192,7 @@ def main():
     vocab_dir, examples_dir = pretrain_recipe_search.prepared(prep)
     config = crammed_config(vocab_dir, examples_dir, args.steps)
     if args.ramp_fraction:
-        config.optimizer.batch_ramp_fraction = args.ramp_fraction
+        config.batch_ramp.fraction = args.ramp_fraction
     config.train.seed += args.seed
     name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "") + (f"_seed{args.seed}" if args.seed else "")
     plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", name))
@@ -202,7 +203,7 @@ def main():
     wa, wb = windows(curves["nli-jax"], args.window), windows(curves["transformers"], args.window)
     window_gap = np.abs(np.asarray(wa) - np.asarray(wb))
     summary = {"steps": len(a), "window": args.window, "same_init": args.same_init,
-               "ramp_fraction": plan.optimizer.batch_ramp_fraction, "curves": curves,
+               "ramp_fraction": plan.batch_ramp.fraction, "curves": curves,
                "max_gap": {"per_step": float(gap.max()), "step": int(gap.argmax()) + 1,
                            "window_means": float(window_gap.max()),
                            "window_end_step": int((window_gap.argmax() + 1) * args.window)},

@@ -3,7 +3,7 @@
 
 1. Cartography with label noise: fine-tune on --train_pairs IndoNLI training pairs of which a
    seeded random --noise share has its label flipped (to one of the other two, uniformly), with
-   --config.train.record_dynamics=True; then the data map. Reports the flipped pairs' share of
+   --config.hooks.dynamics.enabled=True; then the data map. Reports the flipped pairs' share of
    each subset (easy-to-learn, ambiguous, hard-to-learn) against their share overall, and how
    many of them the hard-to-learn third holds (Swayamdipta et al. find mislabelled examples
    concentrated there).
@@ -115,7 +115,7 @@ def main():
     clean, noisy, flipped = make_sources(args)
 
     noisy_run = os.path.join(args.workdir, "noisy_dynamics")
-    seconds_noisy = finetune(args, noisy_run, noisy, "--config.train.record_dynamics=True")
+    seconds_noisy = finetune(args, noisy_run, noisy, "--config.hooks.dynamics.enabled=True")
     subprocess.run([sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={noisy_run}"], cwd=harness.REPO,
                    check=True, stdout=subprocess.DEVNULL)
     summary = json.load(open(os.path.join(noisy_run, "cartography", "summary.json"), encoding="utf-8"))

@@ -10,10 +10,10 @@ the masked positions only, no sentence task, 30% of the tokens masked (MosaicBER
 replacement), sequence 128. Training (the papers' numbers, /work/shared/reference/papers.md, and
 Cramming's published bert-o4 recipe): AdamW at 1e-3 (decay 0.01, not on norms), a one-cycle
 (triangle) schedule over the run (optimizer.schedule "one_cycle", Cramming's budget-triangle2: from
-a quarter of the peak rate, optimizer.one_cycle_start, up to the peak at optimizer.one_cycle_peak =
+a quarter of the peak rate, schedules.one_cycle.start, up to the peak at schedules.one_cycle.peak =
 75% of the run, then down to 0; no warmup beside it), the batch ramped by
-accumulation (optimizer.batch_ramp_max micro-batches per update, reached at
-optimizer.batch_ramp_fraction of the run: 128 x 64 = 8,192 at 60%), gradient clipping at 0.5, and a
+accumulation (batch_ramp.max_accumulation micro-batches per update, reached at
+batch_ramp.fraction of the run: 128 x 64 = 8,192 at 60%), gradient clipping at 0.5, and a
 wall-clock budget (train.budget_minutes: Cramming's day, 1,440 minutes) over which the schedule and
 the ramp are laid (nli_jax/train/budget.py).
 
@@ -51,15 +51,16 @@ def get_config(arg=None):
         c.data.max_seq_length = 128  # Cramming's length (pretrain_config's phase 1 has it too)
     c.task_options.mask_prob = MASK_PROB
     c.optimizer.update(name="adamw", lr=1e-3, b1=0.9, b2=0.98, eps=1e-12, weight_decay=0.01, grad_clip=0.5,
-                       schedule="one_cycle", one_cycle_start=0.25, one_cycle_peak=0.75, warmup_steps=0, warmup_ratio=0.0,
-                       batch_ramp_max=64, batch_ramp_fraction=0.6)
+                       schedule="one_cycle", warmup_steps=0, warmup_ratio=0.0)
+    c.schedules.one_cycle.update(start=0.25, peak=0.75)
+    c.batch_ramp.update(max_accumulation=64, fraction=0.6)
     if cpu_learn:  # :cpu_learn's data, batch 64, model width and evaluation; 25 minutes
         c.train.update(budget_minutes=25.0, max_steps=1_000_000, eval_every_steps=1000, checkpoint_every_steps=1000)
-        c.optimizer.update(batch_ramp_max=4)  # 64 -> 256 rows per update at 60% of the budget
+        c.batch_ramp.update(max_accumulation=4)  # 64 -> 256 rows per update at 60% of the budget
     elif cpu_test:  # pretrain_config's :cpu_test (fixture corpus, 64 tokens, batch 16), 60 steps, no budget
         c.train.update(budget_minutes=0.0, max_steps=60, eval_every_steps=20, checkpoint_every_steps=20,
                        log_every_steps=10)
-        c.optimizer.update(batch_ramp_max=2, batch_ramp_fraction=0.5)  # 16 -> 32 rows per update
+        c.batch_ramp.update(max_accumulation=2, fraction=0.5)  # 16 -> 32 rows per update
     else:  # micro-batches of 128 x 128 tokens, ramped to 8,192 rows (x 64) at 60% of a day
         c.train.update(batch_size=128, accumulation_steps=1, budget_minutes=1440.0, max_steps=10_000_000,
                        eval_every_steps=10_000, checkpoint_every_steps=5_000, log_every_steps=100)

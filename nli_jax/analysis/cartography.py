@@ -1,5 +1,5 @@
 """Dataset cartography (Swayamdipta et al., EMNLP 2020) of a run trained with
-`--config.train.record_dynamics=True`:
+`--config.hooks.dynamics.enabled=True`:
 
     python -m nli_jax.analysis cartography --workdir=RUN [--output=DIR] [--fraction=0.33]
 
@@ -82,7 +82,7 @@ def _row(task, example, stats) -> dict:
 
 def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3) -> dict:
     from nli_jax import workdir as workdir_lib
-    from nli_jax.train import dynamics
+    from nli_jax.hooks import dynamics
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction={fraction}: must be in (0, 1]")
     output = output or os.path.join(workdir, "cartography")
@@ -91,7 +91,7 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
     meta = dynamics.read_meta(workdir)
     if meta is None:
         raise FileNotFoundError(f"{os.path.join(workdir, dynamics.DIRECTORY, dynamics.META)} not found: train the run "
-                                "with --config.train.record_dynamics=True")
+                                "with --config.hooks.dynamics.enabled=True")
     dynamics.check_meta(workdir, dynamics.identity(plan.task, workdir_lib.read_config(workdir), len(examples)))
     stats = statistics(dynamics.read_records(workdir))
     by_idx = {int(e["idx"]): e for e in examples}
@@ -173,7 +173,7 @@ def _data_map(path: str, confidence, variability, correctness, title: str) -> st
 
 def define_flags() -> None:
     from absl import flags
-    flags.DEFINE_string("workdir", None, "A run trained with --config.train.record_dynamics=True.")
+    flags.DEFINE_string("workdir", None, "A run trained with --config.hooks.dynamics.enabled=True.")
     flags.DEFINE_string("output", None, "Where the files go (default: <workdir>/cartography).")
     flags.DEFINE_float("fraction", 1 / 3, "Share of the examples in each subset (the paper's third).")
     flags.mark_flags_as_required(["workdir"])

@@ -65,7 +65,7 @@ class Task(abc.ABC):
     # Fields with a pad value that stay one row per example in packed batches (tagging's words).
     per_example_fields: tuple[str, ...] = ()
     # Whether `loss` returns per-example outcomes (sums[PER_EXAMPLE]: gold_probability, correct):
-    # training dynamics (train.record_dynamics) and the training split's cartography.
+    # training dynamics (hooks.dynamics) and the training split's cartography.
     records_dynamics: bool = False
 
     def __init__(self, data: DataPlan, options: TaskOptions = NoOptions()):

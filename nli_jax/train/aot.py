@@ -322,7 +322,7 @@ def abstract_train_state(plan, params, param_shardings, mesh):
     # The schedule's length (here: a training split of 1,000 batches) only changes constants of
     # the program, not its shape or cost.
     steps = planner.step_plan(plan, plan.batch.global_batch * 1000)
-    tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps,
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps,
                                   unit_peak=True)
     shardings = train_state_shardings(tx, params, param_shardings, mesh)

@@ -211,9 +211,10 @@ def _config_key_problem(argv) -> str | None:
         depth = has_key(config, key)
         if depth is True:
             continue
-        from nli_jax.plan import moved_key
+        from nli_jax.migrations import moved_key
         if moved_key(key):
-            return f"unknown config key {key!r} ({arg}); it is the task's own option now: --{name}.{moved_key(key)}="
+            return (f"unknown config key {key!r} ({arg}); it is its component's own option now: "
+                    f"--{name}.{moved_key(key)}=")
         keys = config_keys(config)
         suggestions = close_keys(key, keys)
         parent = ".".join(key.split(".")[:depth])

@@ -2,7 +2,7 @@
 evaluation batches over every process, the jitted evaluation or prediction step, the outputs
 merged back into file order, then the task's report and prediction records. Owns the final
 evaluation of a run's parameters on every split (results.json's task fields), then the run's
-hooks (nli_jax.train.hooks: calibration, ...).
+hooks (nli_jax.hooks: calibration, ...).
 """
 from __future__ import annotations
 

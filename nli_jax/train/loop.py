@@ -10,7 +10,7 @@ newest intact checkpoint). Each step: train; evaluate on validation every `eval_
 (early stopping, best parameters); checkpoint every `checkpoint_every` steps and on SIGTERM.
 At the end the best parameters are evaluated on every split and written to results.json and
 predictions.jsonl. What a run does besides (training dynamics, calibration) are its hooks
-(nli_jax.train.hooks), called at fixed points; the loop knows none of them.
+(nli_jax.hooks), called at fixed points; the loop knows none of them.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from nli_jax import hooks as run_hooks
 from nli_jax import storage
 from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
@@ -32,7 +33,6 @@ from nli_jax.plan import RunPlan, StepPlan
 from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import budget
 from nli_jax.train import compilation
-from nli_jax.train import run_hooks
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import planner
@@ -42,7 +42,7 @@ from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.preemption import Preempted, Preemption
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
 from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare, training_examples
-from nli_jax.train.steps import make_train_step
+from nli_jax.train.steps import PROBES, make_train_step
 from nli_jax.train.tools import export
 
 
@@ -171,9 +171,10 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     """The training loop: returns (final state, loop bookkeeping, the evaluation made at the best
     step in this process, if any, so the final evaluation need not repeat it)."""
     task, plan, hooks = run.task, run.plan, run.hooks
-    tx, schedule = make_optimizer(plan.optimizer, total_steps=steps.total_steps, steps_per_epoch=steps.steps_per_epoch,
-                                  warmup_steps=steps.warmup_steps, unit_peak=True)  # over the cap
-    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule, per_example=_per_example(hooks))
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=steps.total_steps,
+                                  steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps,
+                                  unit_peak=True)  # over the cap
+    state, train_step = initial_state_and_step(run.steps, run.params, tx, schedule, **_hook_outputs(hooks))
     batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
@@ -201,9 +202,8 @@ def train(run: RunSetup, steps: StepPlan, train_source):
             padding.count(local["attention_mask"].shape, real_tokens)
             state, metrics = train_step(state, pipeline.to_global(local, run.batch_sharding))
             step += 1
-            outcomes = metrics.pop(PER_EXAMPLE, None)
-            for hook in hooks:
-                hook.after_step(step, outcomes, state["params"])
+            outcomes, probes = metrics.pop(PER_EXAMPLE, None), metrics.pop(PROBES, ())
+            run_hooks.after_step(hooks, step, metrics, outcomes, probes, state["params"])
             pending.append((step, metrics))
             # Metrics are fetched (and checked finite) at log steps and before any evaluation or save:
             # no host sync of their own, and a diverged step never reaches a checkpoint or best/.
@@ -259,35 +259,38 @@ def _budgeted(run: RunSetup, steps: StepPlan, bookkeeping: dict, state, train_st
     if budgeted is steps:  # no budget: the step built over the plan's total is the run's
         return steps, train_step
     steps = budgeted
-    tx, schedule = make_optimizer(run.plan.optimizer, total_steps=steps.total_steps,
+    plan = run.plan
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
-    return steps, train_step_for(run.steps, tx, schedule, state["params"], per_example=_per_example(run.hooks))
+    return steps, train_step_for(run.steps, tx, schedule, state["params"], **_hook_outputs(run.hooks))
 
 
-def _per_example(hooks) -> bool:
-    """Whether the train step's metrics carry each example's outcomes (a hook such as dynamics reads them)."""
-    return any(h.per_example_outcomes for h in hooks)
+def _hook_outputs(hooks) -> dict:
+    """What the train step returns for the run's hooks: each example's outcomes (a hook such as
+    dynamics reads them) and the hooks' in-step probes."""
+    return {"per_example": any(h.per_example_outcomes for h in hooks), "probes": run_hooks.step_probes(hooks)}
 
 
-def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False):
+def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False, probes: tuple = ()):
     """The train state {params, opt_state, step} in its shardings, and the jitted train step
     (state donated; `per_example`: its metrics hold the examples' outcomes, for a hook such as
-    training dynamics). The seed and the peak learning rate (for a tx made with
+    training dynamics; `probes`: the hooks' in-step probes). The seed and the peak learning rate (for a tx made with
     make_optimizer(unit_peak=True)) are inputs of the compiled step, not constants: runs that
     differ only in them share its program. The loop's own; benchmarks time it."""
     replicated = mesh_lib.replicated(steps.mesh)
     shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
     opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
-    return state, train_step_for(steps, tx, schedule, params, per_example=per_example)
+    return state, train_step_for(steps, tx, schedule, params, per_example=per_example, probes=probes)
 
 
-def train_step_for(steps: StepSetup, tx, schedule, params, *, per_example: bool = False) -> "TrainStep":
+def train_step_for(steps: StepSetup, tx, schedule, params, *, per_example: bool = False,
+                   probes: tuple = ()) -> "TrainStep":
     """The jitted train step of `tx` and `schedule` (compiled at its first call) with the run's
     seed and peak learning rate bound (initial_state_and_step's; `params` may be abstract)."""
     replicated = mesh_lib.replicated(steps.mesh)
     shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
-    compiled = jit_train_step(steps, tx, schedule, shardings, per_example=per_example)
+    compiled = jit_train_step(steps, tx, schedule, shardings, per_example=per_example, probes=probes)
     run_values = {"seed": mesh_lib.put_global(np.uint32(steps.plan.seed), replicated),
                   "lr": mesh_lib.put_global(np.float32(steps.plan.optimizer.lr), replicated)}
     return TrainStep(compiled, run_values)
@@ -303,14 +306,15 @@ def train_state_shardings(tx, params, param_shardings, mesh) -> dict:
     return {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
 
 
-def jit_train_step(steps: StepSetup, tx, schedule, state_shardings, *, per_example: bool = False):
+def jit_train_step(steps: StepSetup, tx, schedule, state_shardings, *, per_example: bool = False,
+                   probes: tuple = ()):
     """The run's train step under jit: (state, batch, run_values {seed, lr}) -> (state, metrics),
     state donated; micro-batches, their layout and the step's parameter dtype from the plan. The
     one the loop runs and launch.compile compiles for a TPU topology."""
     batch, dtype = steps.plan.batch, steps.plan.model.step_param_dtype
     replicated = mesh_lib.replicated(steps.mesh)
     return jax.jit(make_train_step(steps.graphdef, steps.rest, steps.task, tx, schedule, seed=None,
-                                   accumulation_steps=batch.accumulation, per_example=per_example,
+                                   accumulation_steps=batch.accumulation, per_example=per_example, probes=probes,
                                    step_param_dtype=None if dtype == "float32" else dtype,
                                    data_parallel=batch.accumulation_shards),
                    in_shardings=(state_shardings, steps.batch_sharding, replicated),

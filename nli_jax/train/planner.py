@@ -26,9 +26,15 @@ from typing import Sequence
 
 from flax import traverse_util
 
+from nli_jax import migrations
+from nli_jax import options as options_lib
 from nli_jax import plan as P
 from nli_jax.errors import ConfigValueError, RunError  # noqa: F401  (re-exported)
+from nli_jax.hooks import HOOKS
+from nli_jax.options import flag  # noqa: F401  (re-exported: the refusals' spelling of a key)
+from nli_jax.schedules import SCHEDULES
 from nli_jax.train import mesh as mesh_lib
+from nli_jax.train.batch_ramp import BatchRampOptions
 
 log = logging.getLogger("nli_jax")
 
@@ -67,7 +73,7 @@ def has_key(config, key: str):
 
 def saved_config(workdir: str):
     """A run's config.json as a ConfigDict (its lists as tuples), an older nli-jax's keys where
-    they are now (nli_jax.plan.upgrade_config_json), the plan's defaults for keys it did not
+    they are now (nli_jax.migrations.upgrade_config_json), the plan's defaults for keys it did not
     write; None when the workdir has none."""
     import ml_collections
 
@@ -76,7 +82,7 @@ def saved_config(workdir: str):
     saved = workdir_lib.read_config(workdir)
     if saved is None:
         return None
-    saved = P.upgrade_config_json(saved, options_class(saved.get("task", "")))
+    saved = migrations.upgrade_config_json(saved, options_class(saved.get("task", "")))
 
     def merged(defaults: dict, values: dict) -> dict:
         out = dict(defaults)
@@ -103,11 +109,6 @@ def close_keys(key: str, keys: Sequence[str], n: int = 3) -> list[str]:
         if by_leaf[match] not in found:
             found.append(by_leaf[match])
     return found[:n]
-
-
-def flag(key: str, value) -> str:
-    """A config value as the command line gives it: --config.key=value."""
-    return f"--config.{key}={value!r}" if isinstance(value, str) else f"--config.{key}={value}"
 
 
 def refuse(problems: list[str]) -> None:
@@ -152,9 +153,9 @@ def _section(config, name: str, cls, problems: list[str]):
 def unknown_key(key: str, known: Sequence[str], owner: str = "nli-jax") -> str:
     """Why `key` is refused: a key an older nli-jax had that a task's options hold now, or one
     close to a known key."""
-    moved = P.moved_key(key)
+    moved = migrations.moved_key(key)
     if moved:
-        return f"{key}: now {moved} (the task's own option): --config.{moved}=..."
+        return f"{key}: now {moved} (its component's own option): --config.{moved}=..."
     close = difflib.get_close_matches(key, list(known), n=2)
     return (f"{key}: not a config key of {owner}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
 
@@ -168,30 +169,32 @@ def task_options(config, task: str, problems: list[str]):
     if task not in TASKS:
         return P.NoOptions()  # the unknown task is refused by name
     cls = options_class(task)
+
+    def owners(key):
+        return sorted(name for name, other in TASK_OPTIONS.items() if key in P.section_defaults(other))
+
+    def tolerated(key, value):
+        found = owners(key)
+        return bool(found) and all(P.section_defaults(TASK_OPTIONS[o])[key] == value for o in found)
     node = config["task_options"] if "task_options" in config else {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key in sorted(node.keys()):
-        value = _tuples(node[key])
-        if key not in fields:
-            owners = sorted(name for name, other in TASK_OPTIONS.items() if key in P.section_defaults(other))
-            if owners and all(P.section_defaults(TASK_OPTIONS[o])[key] == value for o in owners):
-                continue
-            problems.append(unknown_key(f"task_options.{key}", [f"task_options.{n}" for n in sorted(fields)],
-                                        owner=f"task {task!r} (its options: {', '.join(sorted(fields)) or 'none'}"
-                                              + (f"; {key} is an option of {', '.join(owners)}" if owners else "") + ")"))
-            continue
-        bad = P.check_of(fields[key]).problem(value)
-        if bad:
-            problems.append(f"{flag('task_options.' + key, value)}: task_options.{key} {bad}")
-        values[key] = value
-    try:
-        options = cls(**values)
-    except TypeError as e:  # a wrong type the checks above already name
-        problems.append(f"task_options: {e}")
-        return None
-    problems.extend(options.problems())
-    return options
+    return options_lib.resolve(node, cls, "task_options", problems, owner=f"task {task!r}", tolerated=tolerated,
+                               elsewhere=lambda key: f"{key} is an option of {', '.join(owners(key))}"
+                               if owners(key) else "")
+
+
+def _components(config, schedule: str, problems: list[str]):
+    """The chosen schedule's options (every registered schedule's checked), the batch ramp's and
+    every run hook's, from config.schedules / batch_ramp / hooks (nli_jax.options.resolve)."""
+    def node(name):
+        return config[name] if name in config else None
+    schedules = dict(SCHEDULES.resolve_all(node("schedules"), "schedules", problems))
+    if schedule not in SCHEDULES:
+        close = difflib.get_close_matches(str(schedule), SCHEDULES.names(), n=2)
+        problems.append(f"{flag('optimizer.schedule', schedule)}: optimizer.schedule must be one of "
+                        f"{SCHEDULES.names()}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    ramp = options_lib.resolve(node("batch_ramp"), BatchRampOptions, "batch_ramp", problems, owner="the batch ramp")
+    hooks = HOOKS.resolve_all(node("hooks"), "hooks", problems)
+    return schedules.get(schedule), ramp, hooks
 
 
 def _overrides(node, problems: list[str]) -> tuple:
@@ -236,6 +239,7 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
     rules = tuple(tuple(r) for r in _tuples(config["mesh"]["rules"]))
     refuse(problems)  # the relations below assume well-typed values
     options = task_options(config, top["task"], problems)
+    schedule, batch_ramp, hooks = _components(config, sections["optimizer"]["schedule"], problems)
     refuse(problems)
 
     data = P.DataPlan(**dict(sections["data"], tfds_dir=os.path.expanduser(sections["data"]["tfds_dir"]
@@ -255,8 +259,8 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
     config_json = dict(config_dict(config), task_options=dataclasses.asdict(options))
     plan = P.RunPlan(task=top["task"], eval_splits=top["eval_splits"], seeds=top["seeds"],
                      export_best=top["export_best"], export_final=top["export_final"], task_options=options,
-                     data=data, model=model, optimizer=optimizer, train=train, mesh=mesh, pretrain=pretrain, batch=None,
-                     config_json=config_json)
+                     data=data, model=model, optimizer=optimizer, schedule=schedule, batch_ramp=batch_ramp, hooks=hooks,
+                     train=train, mesh=mesh, pretrain=pretrain, batch=None, config_json=config_json)
     task = _task(plan, problems)
     refuse(problems)
     plan = dataclasses.replace(plan, batch=_batch_plan(data, train, mesh, task, processes, process_index, training,
@@ -346,18 +350,8 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
             problems.append("--config.model.tokenizer='' and --config.model.init='': a from-scratch model needs "
                             "model.tokenizer (a directory with vocab.txt or tokenizer.json)")
     problems.extend(task.plan_problems(plan))
-    opt = plan.optimizer
-    if opt.schedule == "one_cycle" and (opt.warmup_steps or opt.warmup_ratio):
-        problems.append(f"{flag('optimizer.warmup_steps', opt.warmup_steps)}, "
-                        f"{flag('optimizer.warmup_ratio', opt.warmup_ratio)}: optimizer.schedule='one_cycle' rises "
-                        "to its peak itself (optimizer.one_cycle_start, optimizer.one_cycle_peak); set both to 0")
-    if plan.train.record_dynamics and not task.records_dynamics:
-        problems.append(f"--config.train.record_dynamics=True: task {plan.task!r} has no one prediction per example "
-                        "to record (training dynamics are for sequence-level tasks: NLI, EmoT, SmSA, WReTE, CASA, "
-                        "HoASA)")
-    if plan.train.dynamics_every_steps and not plan.train.record_dynamics:
-        problems.append(f"{flag('train.dynamics_every_steps', plan.train.dynamics_every_steps)}: records training "
-                        "dynamics: also pass --config.train.record_dynamics=True")
+    for key, component in plan.component_options():  # each component's relations with the run
+        problems.extend(component.plan_problems(plan, task, key))
     if plan.data.train_subset and plan.data.max_train_examples:
         problems.append(f"{flag('data.train_subset', plan.data.train_subset)} and "
                         f"{flag('data.max_train_examples', plan.data.max_train_examples)}: two ways of choosing the "

@@ -50,8 +50,7 @@ class Reporter:
         self.tokens = 0
         self.writer = None
         if jax.process_index() == 0:
-            from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(storage.output_dir(storage.under(workdir, "tensorboard"), synced=True))
+            self.writer = tensorboard_writer(workdir)
 
     def count(self, examples: int, tokens: int) -> None:
         self.examples += examples
@@ -95,6 +94,15 @@ class Reporter:
         if self.writer is not None:
             self.writer.close()
         storage.sync()
+
+
+def tensorboard_writer(workdir: str, suffix: str = ""):
+    """A TensorBoard writer of <workdir>/tensorboard (the Reporter's, and run hooks' own, each with its
+    file name `suffix`: two writers opened in the same second would otherwise share one file);
+    process 0's."""
+    from tensorboardX import SummaryWriter
+    return SummaryWriter(storage.output_dir(storage.under(workdir, "tensorboard"), synced=True),
+                         filename_suffix=suffix)
 
 
 def _duration(seconds: float) -> str:

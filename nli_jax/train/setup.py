@@ -159,7 +159,7 @@ class RunSetup:
     evaluator: evaluation.Evaluator
     tokenizer_dir: str | None = None
     model_dir: str | None = None
-    hooks: tuple = ()  # nli_jax.train.hooks: what the run does besides training (chosen by the plan)
+    hooks: tuple = ()  # nli_jax.hooks: what the run does besides training (chosen by the plan)
 
     @property
     def mesh(self):

@@ -15,6 +15,8 @@ from flax import nnx
 from nli_jax.data.pipeline import swap_blocks
 from nli_jax.tasks.base import PER_EXAMPLE
 
+PROBES = "probes"  # the metrics' key of the run hooks' in-step probes (make_train_step)
+
 
 def check_dropout_streams(model) -> None:
     """Every active Dropout must draw from an RNG stream named "dropout".
@@ -41,24 +43,22 @@ def micro_batches(batch: dict, accumulation_steps: int, data_parallel: int) -> d
 
 
 def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, accumulation_steps: int = 1,
-                    per_example: bool = False, step_param_dtype=None, data_parallel: int = 1):
+                    per_example: bool = False, step_param_dtype=None, data_parallel: int = 1, probes: tuple = ()):
     """The jitted-to-be train step (state, batch) -> (state, metric sums). `per_example`: the
     metrics also hold the task's per-example outcomes of this step's forward pass (with the
     batch's idx and weight), for training dynamics; otherwise XLA drops their computation.
+    `probes`: run hooks' (grads, params) -> small arrays, on the mean gradients: metrics[PROBES].
 
     `seed=None`: the step is (state, batch, run_values) -> ..., with run_values {"seed": the
-    dropout seed, "lr": a factor of the updates and of `schedule`} as inputs rather than
-    constants of the program, so that seeds and learning rates of a sweep compile it once (and
-    the persistent compilation cache serves every cell).
+    dropout seed, "lr": a factor of the updates and of `schedule`} as inputs, not constants: a
+    sweep's seeds and learning rates compile it once (and the persistent cache serves every cell).
 
-    `step_param_dtype` (model.step_param_dtype "bfloat16"): the forward and backward passes use a
-    copy of the parameters in that dtype, so gradients (and their all-reduce or reduce-scatter
-    over the mesh) are in it too; the optimizer keeps the float32 parameters as master weights
-    and updates them from the gradients cast back to float32.
+    `step_param_dtype` (model.step_param_dtype "bfloat16"): forward and backward on a copy of the
+    parameters in that dtype (gradients and their collectives too); the optimizer updates the
+    float32 master weights from the gradients cast back.
 
-    With accumulation, batches come laid out shard by shard over the `data_parallel` devices
-    (pipeline.shard_major): micro-batch m is [:, m] of [data_parallel, accumulation_steps, n], so
-    every device computes its own rows of each micro-batch."""
+    With accumulation, batches come shard by shard over the `data_parallel` devices (pipeline.shard_major):
+    micro-batch m is [:, m] of [data_parallel, accumulation_steps, n], each device's own rows."""
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
     def loss_and_grads(params, batch, key):
@@ -117,6 +117,8 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
         metrics = {**sums, "grad_norm": optax.tree.norm(grads), "lr": lr}
         if per_example:
             metrics[PER_EXAMPLE] = {**outcomes, "idx": batch["idx"], "weight": batch["weight"]}
+        if probes:
+            metrics[PROBES] = tuple(probe(grads, params) for probe in probes)
         return new_state, metrics
 
     return train_step

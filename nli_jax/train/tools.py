@@ -11,13 +11,13 @@ import os
 import jax
 from flax import nnx
 
+from nli_jax import hooks as run_hooks
 from nli_jax import storage
 from nli_jax import workdir as workdir_lib
 from nli_jax.checkpoints.hf import read_config
 from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
-from nli_jax.train import run_hooks
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
@@ -69,7 +69,7 @@ def resolve_checkpoint(path: str) -> dict:
 
 def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, splits=None):
     """RunSetup and best parameters of a run's workdir, refusing a config whose model differs."""
-    from nli_jax.plan import upgrade_config_json
+    from nli_jax.migrations import upgrade_config_json
     options = type(plan.task_options)
     model_keys = (*_MODEL_KEYS, *(f"task_options.{name}" for name in options.model_input_fields()))
     ours = workdir_lib.flatten(plan.config_json)

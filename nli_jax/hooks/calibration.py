@@ -1,4 +1,4 @@
-"""Calibration of a run's predictions (`train.calibration`, on by default): after training, a
+"""Calibration of a run's predictions (`hooks.calibration`, on by default): after training, a
 temperature is fitted on the validation split with the best parameters (minimising NLL), and
 every evaluated split reports expected and maximum calibration error (15 bins), Brier score and
 NLL, raw and temperature-scaled, with a reliability diagram (`reliability_<split>.png`).
@@ -11,6 +11,7 @@ nli_jax.metrics.calibration's (checked against scikit-learn in tests/test_calibr
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,8 +20,9 @@ import numpy as np
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+from nli_jax.hooks import HOOKS, HookOptions, RunHook
 from nli_jax.metrics import calibration as metrics
-from nli_jax.train import hooks
+from nli_jax.options import option
 from nli_jax.train.reporting import log
 
 CALIBRATION_FILE = "calibration.json"
@@ -152,27 +154,33 @@ def log_summary(results: dict) -> None:
                      c["temperature_scaled"]["ece"], c["temperature"], c["raw"]["nll"], c["temperature_scaled"]["nll"])
 
 
-class CalibrationHook(hooks.RunHook):
-    """Calibration as a run hook. In training (train.calibration): a temperature fitted on the
+@dataclasses.dataclass(frozen=True)
+class CalibrationOptions(HookOptions):
+    enabled: bool = option(True)  # every classification run reports calibration unless turned off
+
+
+@HOOKS.register("calibration", options=CalibrationOptions)
+class CalibrationHook(RunHook):
+    """Calibration as a run hook. In training (hooks.calibration.enabled): a temperature fitted on the
     validation split at the final evaluation and stored with the best parameters
     (<workdir>/calibration.json, exports' config.json). In the tools: the checkpoint's stored
     temperature (read and checked before any compute) scales finetune.predict's probabilities and
-    goes with finetune.export. Either way, with train.calibration, every split's calibration
+    goes with finetune.export. Either way, when enabled, every split's calibration
     metrics (raw and scaled) and reliability diagram."""
 
     def __init__(self, *, report: bool, fit: bool = False, temperature: float | None = None, source: str | None = None):
         self.report, self.fit, self.temperature, self.source = report, fit, temperature, source
 
     @classmethod
-    def for_training(cls, run, train_source):
-        return cls(report=True, fit=True) if run.plan.train.calibration else None
+    def for_training(cls, run, train_source, options):
+        return cls(report=True, fit=True)
 
     @classmethod
-    def for_checkpoint(cls, plan, checkpoint):
+    def for_checkpoint(cls, plan, checkpoint, options):
         temperature = read_temperature(checkpoint)
-        if temperature is None and not plan.train.calibration:
+        if temperature is None and not options.enabled:
             return None
-        return cls(report=plan.train.calibration, temperature=temperature, source=checkpoint)
+        return cls(report=options.enabled, temperature=temperature, source=checkpoint)
 
     def final_results(self, run, params, results, evaluations):
         task = run.task

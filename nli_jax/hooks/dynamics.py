@@ -1,8 +1,8 @@
 """Training dynamics (dataset cartography, Swayamdipta et al., EMNLP 2020), recorded while a run
-trains (`train.record_dynamics=True`): for every training example, its gold label's probability
+trains (`hooks.dynamics.enabled=True`): for every training example, its gold label's probability
 and whether it was predicted correctly, once per epoch, from the training step's own forward
 pass (no second pass over the training set; dropout on, as the cartography paper's code
-records them). With `train.dynamics_every_steps=N` the whole training split is instead
+records them). With `hooks.dynamics.every_steps=N` the whole training split is instead
 evaluated every N steps (deterministic), for runs too short for several epochs.
 
 Records go to <workdir>/dynamics/ (local or gs://): `meta.json` (the run they belong to) and one
@@ -14,6 +14,8 @@ on every process (each sees the whole global batch's, a few bytes an example): p
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -23,7 +25,8 @@ import numpy as np
 
 from nli_jax import storage
 from nli_jax.errors import RunError
-from nli_jax.train import hooks
+from nli_jax.hooks import HOOKS, HookOptions, RunHook
+from nli_jax.options import flag, option
 
 DIRECTORY = "dynamics"
 META = "meta.json"
@@ -50,7 +53,6 @@ def _chunk_step(name: str) -> int | None:
 def identity(task: str, config_json: dict, train_examples: int) -> dict:
     """What the records are of: the task, the training split's size and a digest of the config
     (the run's config.json, so records of another run or config are told apart)."""
-    import hashlib
     digest = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()[:16]
     return {"task": task, "train_examples": int(train_examples), "config_sha256": digest}
 
@@ -82,7 +84,7 @@ def read_records(workdir: str) -> dict[str, np.ndarray]:
     chunks = sorted((s, n) for n in storage.listdir(directory) if (s := _chunk_step(n)) is not None)
     if not chunks:
         raise FileNotFoundError(f"{directory} holds no records: was the run trained with "
-                                "--config.train.record_dynamics=True?")
+                                "--config.hooks.dynamics.enabled=True?")
     parts = []
     for _, name in chunks:
         path = os.path.join(directory, name)
@@ -158,31 +160,51 @@ class Recorder:
         storage.write_bytes(storage.under(self.workdir, DIRECTORY, _chunk_name(step)), buffer.getvalue())
 
 
-class DynamicsHook(hooks.RunHook):
-    """train.record_dynamics as a run hook: each step's per-example outcomes (or, every
-    train.dynamics_every_steps, an evaluation of the whole training split) recorded, and written
-    before each checkpoint."""
+@dataclasses.dataclass(frozen=True)
+class DynamicsOptions(HookOptions):
+    # > 0: instead of the training steps' own outcomes, the whole training split is evaluated every
+    # N steps (deterministic), for runs too short for several epochs.
+    every_steps: int = option(0, low=0)
 
-    def __init__(self, run, train_source):
+    def problems(self):
+        if self.every_steps and not self.enabled:
+            return [f"{flag('hooks.dynamics.every_steps', self.every_steps)}: records training dynamics: also pass "
+                    "--config.hooks.dynamics.enabled=True"]
+        return []
+
+    def plan_problems(self, plan, task, key):
+        if self.enabled and not task.records_dynamics:
+            return [f"--config.{key}.enabled=True: task {plan.task!r} has no one prediction per example to record "
+                    "(training dynamics are for sequence-level tasks: NLI, EmoT, SmSA, WReTE, CASA, HoASA)"]
+        return []
+
+
+@HOOKS.register("dynamics", options=DynamicsOptions)
+class DynamicsHook(RunHook):
+    """Training dynamics as a run hook: each step's per-example outcomes (or, every
+    `every_steps`, an evaluation of the whole training split) recorded, and written before each
+    checkpoint."""
+
+    def __init__(self, run, train_source, options: DynamicsOptions):
         plan = run.plan
         # Records of another run or task in this workdir are refused here, before any compute.
         self.recorder = Recorder(run.workdir, identity(plan.task, plan.config_json, len(train_source)),
-                                 global_batch=plan.batch.global_batch, every_steps=plan.train.dynamics_every_steps)
+                                 global_batch=plan.batch.global_batch, every_steps=options.every_steps)
         self.per_example_outcomes = not self.recorder.every_steps
         self.evaluator, self.train_source = run.evaluator, train_source
 
     @classmethod
-    def for_training(cls, run, train_source):
-        return cls(run, train_source) if run.plan.train.record_dynamics else None
+    def for_training(cls, run, train_source, options):
+        return cls(run, train_source, options)
 
     def start(self, step):
         self.recorder.start(step)
 
-    def after_step(self, step, outcomes, params):
-        if outcomes is not None:
-            self.recorder.training_step(step, outcomes)
+    def after_step(self, step, outputs):
+        if outputs.outcomes is not None:
+            self.recorder.training_step(step, outputs.outcomes)
         if self.recorder.wants_pass(step):
-            p = self.evaluator.evaluate(params, "dynamics", self.train_source).predictions
+            p = self.evaluator.evaluate(outputs.params, "dynamics", self.train_source).predictions
             self.recorder.evaluation_pass(step, {"idx": np.asarray(p["idx"]), "weight": np.ones(len(p["idx"]), np.float32),
                                                  **{k: np.asarray(p[k]) for k in FIELDS}})
 
