@@ -70,6 +70,10 @@ WORKED_EXAMPLES = {
                                             "tests/test_tsv_classification.py"},
     "nli_jax/tasks/span_bert.py": {"nli_jax/tasks/span_bert.py", "configs/pretrain/span_bert.py",
                                    "tests/test_span_bert.py"},
+    "nli_jax/schedules/wsd.py": {"nli_jax/schedules/wsd.py", "configs/pretrain/crammed_wsd.py",
+                                 "tests/test_wsd_schedule.py"},
+    "nli_jax/hooks/layer_norms.py": {"nli_jax/hooks/layer_norms.py", "configs/pretrain/indobert_large_watched.py",
+                                     "tests/test_layer_norms_hook.py"},
 }
 
 
