@@ -6,6 +6,8 @@ Variants shrink only what must shrink for a CPU:  --config=configs/indonli_large
 """
 import ml_collections
 
+# Variants are read by one helper (configs/recipes.py), re-exported for the config files.
+from configs.recipes import UnknownVariantError, parse_arg, refuse_unknown_variants  # noqa: F401
 from nli_jax.plan import MESH_RULES, default_config  # noqa: F401  (MESH_RULES: the shipped rules)
 from nli_jax.tasks import options_config
 
@@ -13,37 +15,6 @@ from nli_jax.tasks import options_config
 def base_config(task: str = "indonli", **options) -> ml_collections.ConfigDict:
     """Every key of a run of `task`, with its default; `options` set over the task's own."""
     return default_config(task, options_config(task, **options))
-
-
-def parse_arg(arg: str | None) -> dict:
-    """'cpu_test' or 'lr=3e-5,model=base' -> {'cpu_test': True} / {'lr': '3e-5', 'model': 'base'}."""
-    out = {}
-    for part in (arg or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, _, value = part.partition("=")
-        out[key] = value if value else True
-    return out
-
-
-class UnknownVariantError(ValueError):
-    """A config variant (`--config=FILE:variant`) the config file does not have."""
-
-
-def refuse_unknown_variants(options: dict, known) -> None:
-    """One short error naming the variants of `options` left over (not popped by the config
-    file) and the `known` ones ('cpu_test', 'task=...'), with the closest known as a suggestion.
-    The command line prints it as `error: --config=FILE:variant: ...`."""
-    if not options:
-        return
-    import difflib
-    names = [k.split("=")[0] for k in known]
-    unknown = sorted(options)
-    close = sorted({m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.6)})
-    raise UnknownVariantError(f"unknown variant(s) {', '.join(unknown)}"
-                              + (f" (did you mean {' or '.join(close)}?)" if close else "")
-                              + f"; this config file knows: {', '.join(known)}")
 
 
 def apply_cpu_test(c: ml_collections.ConfigDict, *, preset: str = "tiny-bert") -> None:

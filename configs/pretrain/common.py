@@ -15,7 +15,7 @@ Steps: a tenth of the phase's, warmup 6% of them (set train.max_steps for your c
 """
 import ml_collections
 
-from configs import finetune_common
+from configs import finetune_common, recipes
 from nli_jax.plan import PretrainPlan, section_defaults
 
 PHASES = {
@@ -47,99 +47,92 @@ MAX_SEQ_LENGTH = {1: 128, 2: 512}
 MAX_PREDICTIONS = {1: 20, 2: 80}
 
 
+# The recipe every pretraining config starts from (over base_config's defaults): the IndoNLU paper's
+# BERT phase 1; each model's batch, rate and steps are its PHASES row.
+BERT = {
+    "eval_splits": ("heldout",), "export_final": True,
+    "data.max_seq_length": MAX_SEQ_LENGTH[1], "data.pad_to_max_length": True,
+    "model.init": "",  # phase 2: the phase-1 run's <workdir>/export
+    "model.tokenizer": "",  # directory with vocab.txt (pretrain.build_vocab)
+    "model.dtype": "bfloat16",  # on accelerators; the cpu_test variant computes in float32
+    "pretrain.phase": 1, "pretrain.sentence_task": "nsp",
+    "optimizer.name": "adamw", "optimizer.weight_decay": 0.01, "optimizer.eps": 1e-6, "optimizer.schedule": "linear",
+    "optimizer.grad_clip": 1.0,
+    "train.num_epochs": 100_000,  # bounded by max_steps
+    "train.eval_every_steps": 10_000, "train.checkpoint_every_steps": 5_000, "train.log_every_steps": 100,
+    "train.early_stopping_patience": 0, "train.eval_batch_size": 256,
+}
+# What each family's recipe changes: ALBERT whole-word n-gram masking, sentence order and LAMB;
+# ELECTRA no sentence task (the papers').
+FAMILIES = {
+    "bert": {},
+    "albert": {"task_options.whole_word": True, "task_options.max_ngram": 3, "pretrain.sentence_task": "sop",
+               "optimizer.name": "lamb"},
+    "electra": {"pretrain.sentence_task": "none"},
+}
+WARMUP_CAP = {"bert": 10_000, "albert": 3_125, "electra": 10_000}  # warmup: a tenth of the steps, at most this
+PHASE_2 = {"pretrain.phase": 2, "data.max_seq_length": MAX_SEQ_LENGTH[2],
+           "task_options.max_predictions": MAX_PREDICTIONS[2]}
+# `continue`: a tenth of the phase's steps, warmup 6% of them.
+CONTINUE = {"pretrain.continued": True, "train.max_steps": lambda c: max(1, c.train.max_steps // 10),
+            "optimizer.warmup_steps": lambda c: max(1, c.train.max_steps * 6 // 100)}
+# `cpu_test`: the fixture corpus, a tiny model (continued: the checkpoint's own), 300 steps.
+CPU_TEST = {
+    "pretrain.heldout_examples": 200, "pretrain.heldout_permille": 100, "pretrain.workers": 1,
+    "data.max_seq_length": lambda c: 64 if c.pretrain.phase == 1 else 128,
+    "task_options.max_predictions": lambda c: 10 if c.pretrain.phase == 1 else 20,
+    "train.batch_size": 16, "train.accumulation_steps": 1, "train.max_steps": 300, "train.eval_every_steps": 100,
+    "train.checkpoint_every_steps": 100, "train.log_every_steps": 50, "train.eval_batch_size": 64,
+    "train.async_checkpointing": False, "optimizer.warmup_steps": 15,
+}
+CPU_TEST_FAMILY = {  # (tiny preset, learning rate (LAMB scales steps by the weight norm), with `continue`)
+    "bert": ("tiny-bert", 2e-3, 1e-4), "albert": ("tiny-albert", 2e-2, 1e-3), "electra": ("tiny-electra", 2e-3, 1e-4)}
+# `continue,cpu_test`: a real checkpoint (MiniLM-L6 in the tests), a few small steps.
+CPU_TEST_CONTINUE = {"model.dtype": "float32", "train.batch_size": 8, "train.max_steps": 20,
+                     "train.eval_every_steps": 10, "train.checkpoint_every_steps": 10, "train.log_every_steps": 5,
+                     "optimizer.warmup_steps": 4}
+
+
+def family(model: str) -> str:
+    return "albert" if model.startswith("indobert-lite") else "electra" if TASKS.get(model) == "electra" else "bert"
+
+
 def pretrain_config(model: str, arg) -> ml_collections.ConfigDict:
-    options = finetune_common.parse_arg(arg)
+    """Model `model`'s recipe: BERT's, its family's changes, its PHASES row, then the variants."""
+    options = recipes.parse_arg(arg)
     phase = int(options.pop("phase", 1))
-    cpu_test = options.pop("cpu_test", False)
-    continued = options.pop("continue", False)
-    cpu_learn = options.pop("cpu_learn", False)
-    finetune_common.refuse_unknown_variants(options, ("phase=1|2", "cpu_test", "cpu_learn", "continue"))
+    cpu_test, continued, cpu_learn = (bool(options.pop(v, False)) for v in ("cpu_test", "continue", "cpu_learn"))
+    recipes.refuse_unknown_variants(options, ("phase=1|2", "cpu_test", "cpu_learn", "continue"))
     if phase not in (1, 2):
         raise ValueError(f"phase must be 1 or 2, got {phase}")
-    albert = model.startswith("indobert-lite")
-    electra = TASKS.get(model) == "electra"
+    kind = family(model)
+    if cpu_learn and (phase != 1 or kind == "albert" or cpu_test or continued):
+        raise ValueError("cpu_learn is a phase-1 recipe from scratch for BERT and ELECTRA (not with phase=2, "
+                         "ALBERT, cpu_test or continue)")
     batch, lr, steps, _ = PHASES[model][phase]
-
-    task = TASKS.get(model, "pretraining")
-    masking = {"whole_word": albert, "max_ngram": 3 if albert else 1, "max_predictions": MAX_PREDICTIONS[phase]}
-    if electra:  # the generator a quarter (small) or a third (base) of the discriminator's width (the paper's)
-        masking["generator_fraction"] = 1 / 3 if model == "electra-base" else 0.25
-    c = finetune_common.base_config(task, **masking)
-    c.eval_splits = ("heldout",)
-    c.export_final = True
-    c.data.max_seq_length = MAX_SEQ_LENGTH[phase]
-    c.data.pad_to_max_length = True
-    c.model.preset = model
-    c.model.init = ""  # phase 2: the phase-1 run's <workdir>/export
-    c.model.tokenizer = ""  # directory with vocab.txt (pretrain.build_vocab)
-
-    # The corpus and its examples (nli_jax.plan.PretrainPlan's defaults: the BERT recipe's).
+    c = finetune_common.base_config(TASKS.get(model, "pretraining"))
     c.pretrain = ml_collections.ConfigDict(section_defaults(PretrainPlan))
-    c.pretrain.phase = phase
-    # ALBERT: sentence-order prediction; ELECTRA: no sentence task (the paper's).
-    c.pretrain.sentence_task = "none" if electra else "sop" if albert else "nsp"
-    c.pretrain.continued = bool(continued)  # model.init is required: continued pretraining of a checkpoint
-
-    c.optimizer.name = "lamb" if albert else "adamw"
-    c.optimizer.lr = lr
-    c.optimizer.weight_decay = 0.01
-    c.optimizer.eps = 1e-6
-    c.optimizer.schedule = "linear"
-    c.optimizer.warmup_steps = min(10_000, steps // 10) if not albert else min(3_125, steps // 10)
-    c.optimizer.grad_clip = 1.0
-
-    c.train.batch_size = batch
-    c.train.accumulation_steps = V3_8_ACCUMULATION.get((model, phase), 1)
-    c.train.num_epochs = 100_000  # bounded by max_steps
-    c.train.max_steps = steps
-    c.train.eval_every_steps = 10_000
-    c.train.checkpoint_every_steps = 5_000
-    c.train.log_every_steps = 100
-    c.train.early_stopping_patience = 0
-    c.train.eval_batch_size = 256
-    c.model.dtype = "bfloat16"  # on accelerators; the cpu_test variant computes in float32
-
+    recipes.apply(c, {**BERT, **FAMILIES[kind], **(PHASE_2 if phase == 2 else {})}, model)
+    recipes.apply(c, {"model.preset": model, "optimizer.lr": lr, "optimizer.warmup_steps": min(WARMUP_CAP[kind], steps // 10),
+                      "train.batch_size": batch, "train.accumulation_steps": V3_8_ACCUMULATION.get((model, phase), 1),
+                      "train.max_steps": steps}, model)
+    if kind == "electra":  # the generator a quarter (small) or a third (base) of the discriminator's width
+        c.task_options.generator_fraction = 1 / 3 if model == "electra-base" else 0.25
     if continued:
-        c.train.max_steps = max(1, steps // 10)
-        c.optimizer.warmup_steps = max(1, c.train.max_steps * 6 // 100)
-
+        recipes.apply(c, CONTINUE, f"{model}:continue")
     if cpu_learn:
-        if phase != 1 or albert or cpu_test or continued:
-            raise ValueError("cpu_learn is a phase-1 recipe from scratch for BERT and ELECTRA (not with phase=2, "
-                             "ALBERT, cpu_test or continue)")
-        apply_cpu_learn(c, electra=electra)
+        apply_cpu_learn(c, electra=kind == "electra")
     if cpu_test:
         from nli_jax.data import fixture_path
-        if continued:  # the checkpoint's own tokenizer and shape
-            c.model.dtype = "float32"
-        else:
-            finetune_common.apply_cpu_test(c, preset="tiny-albert" if albert else "tiny-electra" if electra else "tiny-bert")
-            if electra:
+        preset, rate, continued_rate = CPU_TEST_FAMILY[kind]
+        if not continued:
+            finetune_common.apply_cpu_test(c, preset=preset)
+            if kind == "electra":
                 c.task_options.generator_fraction = 0.5
-        c.pretrain.corpus = (fixture_path("corpus_tiny") + "/*.txt",)
-        c.pretrain.heldout_examples = 200
-        c.pretrain.heldout_permille = 100
-        c.pretrain.workers = 1
-        c.data.max_seq_length = 64 if phase == 1 else 128
-        c.task_options.max_predictions = 10 if phase == 1 else 20
-        c.train.batch_size = 16
-        c.train.accumulation_steps = 1
-        c.train.max_steps = 300
-        c.train.eval_every_steps = 100
-        c.train.checkpoint_every_steps = 100
-        c.train.log_every_steps = 50
-        c.train.eval_batch_size = 64
-        c.train.async_checkpointing = False
-        c.optimizer.lr = 2e-2 if albert else 2e-3  # LAMB scales steps by the weight norm
-        c.optimizer.warmup_steps = 15
-        if continued:  # a real checkpoint (MiniLM-L6 in the tests): a few small steps
-            c.train.batch_size = 8
-            c.train.max_steps = 20
-            c.train.eval_every_steps = 10
-            c.train.checkpoint_every_steps = 10
-            c.train.log_every_steps = 5
-            c.optimizer.lr = 1e-3 if albert else 1e-4
-            c.optimizer.warmup_steps = 4
+        recipes.apply(c, {**CPU_TEST, "pretrain.corpus": (fixture_path("corpus_tiny") + "/*.txt",),
+                          "optimizer.lr": rate}, f"{model}:cpu_test")
+        if continued:
+            recipes.apply(c, {**CPU_TEST_CONTINUE, "optimizer.lr": continued_rate}, f"{model}:continue,cpu_test")
     return c
 
 

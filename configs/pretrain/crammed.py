@@ -29,41 +29,40 @@ batch 64, 2 x 128 model, the same vocabulary) with this recipe's choices: the co
 """
 import math
 
-from configs import finetune_common
-from configs.pretrain.common import pretrain_config
+from configs import recipes
+from configs.pretrain import indobert_base
 
 MASK_PROB = 0.3  # MosaicBERT's masking rate (papers.md)
 
-
-def get_config(arg=None):
-    options = finetune_common.parse_arg(arg)
-    cpu_test = options.pop("cpu_test", False)
-    cpu_learn = options.pop("cpu_learn", False)
-    finetune_common.refuse_unknown_variants(options, ("cpu_test", "cpu_learn"))
-    if cpu_test and cpu_learn:
-        raise ValueError("crammed.py: give one of cpu_test and cpu_learn")
-    c = pretrain_config("indobert-base", "cpu_learn" if cpu_learn else "cpu_test" if cpu_test else None)
-    c.model.preset = "crammed-2layer-small" if cpu_learn else "tiny-crammed" if cpu_test else "crammed-base"
-    # No dropout during pretraining (the preset has none; said here, where the recipe is read).
-    c.model.overrides.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    c.pretrain.sentence_task = "none"
-    if not (cpu_learn or cpu_test):
-        c.data.max_seq_length = 128  # Cramming's length (pretrain_config's phase 1 has it too)
-    c.task_options.mask_prob = MASK_PROB
-    c.optimizer.update(name="adamw", lr=1e-3, b1=0.9, b2=0.98, eps=1e-12, weight_decay=0.01, grad_clip=0.5,
-                       schedule="one_cycle", warmup_steps=0, warmup_ratio=0.0)
-    c.schedules.one_cycle.update(start=0.25, peak=0.75)
-    c.batch_ramp.update(max_accumulation=64, fraction=0.6)
-    if cpu_learn:  # :cpu_learn's data, batch 64, model width and evaluation; 25 minutes
-        c.train.update(budget_minutes=25.0, max_steps=1_000_000, eval_every_steps=1000, checkpoint_every_steps=1000)
-        c.batch_ramp.update(max_accumulation=4)  # 64 -> 256 rows per update at 60% of the budget
-    elif cpu_test:  # pretrain_config's :cpu_test (fixture corpus, 64 tokens, batch 16), 60 steps, no budget
-        c.train.update(budget_minutes=0.0, max_steps=60, eval_every_steps=20, checkpoint_every_steps=20,
-                       log_every_steps=10)
-        c.batch_ramp.update(max_accumulation=2, fraction=0.5)  # 16 -> 32 rows per update
-    else:  # micro-batches of 128 x 128 tokens, ramped to 8,192 rows (x 64) at 60% of a day
-        c.train.update(batch_size=128, accumulation_steps=1, budget_minutes=1440.0, max_steps=10_000_000,
-                       eval_every_steps=10_000, checkpoint_every_steps=5_000, log_every_steps=100)
+get_config = recipes.derive(
+    indobert_base,  # its corpus, examples and evaluation; everything the recipe changes is below
+    {
+        # No dropout during pretraining (the presets have none; said here, where the recipe is read).
+        "model.overrides.hidden_dropout_prob": 0.0, "model.overrides.attention_probs_dropout_prob": 0.0,
+        "pretrain.sentence_task": "none",
+        "task_options.mask_prob": MASK_PROB,
+        "optimizer.name": "adamw", "optimizer.lr": 1e-3, "optimizer.b1": 0.9, "optimizer.b2": 0.98,
+        "optimizer.eps": 1e-12, "optimizer.weight_decay": 0.01, "optimizer.grad_clip": 0.5,
+        "optimizer.schedule": "one_cycle", "optimizer.warmup_steps": 0, "optimizer.warmup_ratio": 0.0,
+        "schedules.one_cycle.start": 0.25, "schedules.one_cycle.peak": 0.75,
+        "batch_ramp.max_accumulation": 64, "batch_ramp.fraction": 0.6,
+    },
+    variants={
+        # :cpu_learn's data, batch 64, model width and evaluation; 25 minutes, 64 -> 256 rows per update at
+        # 60% of the budget.
+        "cpu_learn": {"model.preset": "crammed-2layer-small", "train.budget_minutes": 25.0, "train.max_steps": 1_000_000,
+                      "train.eval_every_steps": 1000, "train.checkpoint_every_steps": 1000,
+                      "batch_ramp.max_accumulation": 4},
+        # The parent's :cpu_test (fixture corpus, 64 tokens, batch 16), 60 steps, no budget; 16 -> 32 rows per update.
+        "cpu_test": {"model.preset": "tiny-crammed", "train.budget_minutes": 0.0, "train.max_steps": 60,
+                     "train.eval_every_steps": 20, "train.checkpoint_every_steps": 20, "train.log_every_steps": 10,
+                     "batch_ramp.max_accumulation": 2, "batch_ramp.fraction": 0.5},
+    },
+    # Micro-batches of 128 x 128 tokens (Cramming's length, the parent's phase 1), ramped to 8,192 rows
+    # (x 64) at 60% of a day.
+    default={"model.preset": "crammed-base", "train.batch_size": 128, "train.accumulation_steps": 1,
+             "train.budget_minutes": 1440.0, "train.max_steps": 10_000_000, "train.eval_every_steps": 10_000,
+             "train.checkpoint_every_steps": 5_000, "train.log_every_steps": 100},
     # 30% of the tokens, all of which can be predicted (the masking rule's cap at or above it).
-    c.task_options.max_predictions = int(math.ceil(MASK_PROB * c.data.max_seq_length))
-    return c
+    derived={"task_options.max_predictions": lambda c: int(math.ceil(MASK_PROB * c.data.max_seq_length))},
+    passes=("cpu_test", "cpu_learn"), name="configs/pretrain/crammed.py")

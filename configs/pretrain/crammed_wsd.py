@@ -5,11 +5,9 @@ the parent's, variants included (:cpu_test, :cpu_learn).
 
     python -m pretrain.main --config=configs/pretrain/crammed_wsd.py:cpu_test --workdir=/tmp/crammed_wsd
 """
+from configs import recipes
 from configs.pretrain import crammed
 
-
-def get_config(arg=None):
-    c = crammed.get_config(arg)
-    c.optimizer.update(schedule="wsd", warmup_ratio=0.05)
-    c.schedules.wsd.update(decay_fraction=0.1, decay_shape="1-sqrt", final_fraction=0.0)
-    return c
+get_config = recipes.derive(crammed, {"optimizer.schedule": "wsd", "optimizer.warmup_ratio": 0.05,
+                                      "schedules.wsd.decay_fraction": 0.1, "schedules.wsd.decay_shape": "1-sqrt",
+                                      "schedules.wsd.final_fraction": 0.0}, name="configs/pretrain/crammed_wsd.py")

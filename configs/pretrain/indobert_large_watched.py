@@ -6,10 +6,9 @@ and the layer whose gradient norm jumped with it.
 
     python -m pretrain.main --config=configs/pretrain/indobert_large_watched.py:phase=1 --workdir=runs/large_p1
 """
+from configs import recipes
 from configs.pretrain import indobert_large
 
-
-def get_config(arg=None):
-    c = indobert_large.get_config(arg)
-    c.hooks.layer_norms.update(enabled=True, every_steps=100, spike_factor=3.0, window=100)
-    return c
+get_config = recipes.derive(indobert_large, {"hooks.layer_norms.enabled": True, "hooks.layer_norms.every_steps": 100,
+                                             "hooks.layer_norms.spike_factor": 3.0, "hooks.layer_norms.window": 100},
+                            name="configs/pretrain/indobert_large_watched.py")

@@ -6,13 +6,10 @@ corpus, phases, optimizer and schedule, with whole-word spans of geometric lengt
         --config.model.tokenizer=VOCAB_DIR --config.pretrain.corpus="('/data/corpus/*.txt',)"
     python -m pretrain.main --config=configs/pretrain/span_bert.py:cpu_test --workdir=/tmp/span_bert
 """
-from configs.pretrain.common import pretrain_config
-from nli_jax.tasks import options_config
+from configs import recipes
+from configs.pretrain import indobert_base
 
-
-def get_config(arg=None):
-    c = pretrain_config("indobert-base", arg)
-    c.task = "span_bert"
-    c.task_options = options_config("span_bert", max_predictions=c.task_options.max_predictions)
-    c.pretrain.sentence_task = "none"  # the paper drops next-sentence prediction
-    return c
+# The objective changes (its options keep the parent's masking budget); the paper drops
+# next-sentence prediction.
+get_config = recipes.derive(indobert_base, {"task": "span_bert", "pretrain.sentence_task": "none"},
+                            name="configs/pretrain/span_bert.py")
