@@ -73,7 +73,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 
 from nli_jax.data import indonlu as indonlu_data
-from nli_jax.data.nli import NLI_LABELS
+from nli_jax.tasks.ocnli import OCNLI
 from nli_jax import storage
 from nli_jax.data.readers import DataError, read_jsonl
 
@@ -425,9 +425,9 @@ def ocnli_lines(path: str, *, split: str = "test", source: str | None = None,
     out, first_line = [], {}
     for position, (line, row) in enumerate(rows):
         label = row["prediction"]
-        if not isinstance(label, str) or label not in NLI_LABELS:
+        if not isinstance(label, str) or label not in OCNLI.labels:
             raise SubmissionError(f"{path}:{line}: idx {row['idx']}: unknown OCNLI label {label!r}; "
-                                  f"expected one of {list(NLI_LABELS)}")
+                                  f"expected one of {list(OCNLI.labels)}")
         uid = _integer_id(path, line, row)
         if uid in first_line:
             raise SubmissionError(f"{path}:{line}: duplicate id {uid} (first at line {first_line[uid]})")

@@ -218,7 +218,7 @@ def test_a_premise_of_invisible_characters_is_empty(tmp_path, text):
     from nli_jax.data.readers import DataError
     source = _indonli(tmp_path, [{"premise": text, "hypothesis": "h", "label": "e"}])
     with pytest.raises(DataError, match=r"train.jsonl:6: field 'premise' is empty \(only whitespace or invisible"):
-        nli.load_examples(nli.INDONLI, str(source))
+        nli.load_examples(nli.get_corpus("indonli"), str(source))
 
 
 def _tagging_file(path, lines):

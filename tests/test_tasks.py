@@ -37,13 +37,13 @@ def test_tokens_with_spaces_are_kept_whole(shared_data):
 
 
 def test_nli_corpora_counts(shared_data):
-    ocnli = nli.load_examples(nli.OCNLI, str(shared_data / "ocnli"))
+    ocnli = nli.load_examples(nli.get_corpus("ocnli"), str(shared_data / "ocnli"))
     with open(shared_data / "ocnli" / "dev.json", encoding="utf-8") as f:
         raw = [json.loads(line) for line in f if line.strip()]
     assert len(raw) == 3000  # OCNLI dev before dropping label '-'
     assert len(ocnli["validation"]) == sum(r["label"] != "-" for r in raw) == 2950
     assert {e["categories"]["level"] for e in ocnli["validation"]} == {"easy", "medium", "hard"}
-    inferes = nli.load_examples(nli.INFERES, str(shared_data / "inferes"))
+    inferes = nli.load_examples(nli.get_corpus("inferes"), str(shared_data / "inferes"))
     assert len(inferes["train"]) == 6444
     assert {e["categories"]["anno_type"] for e in inferes["train"]} >= {"Generate", "Rewrite"}
 

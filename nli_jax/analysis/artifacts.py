@@ -28,11 +28,12 @@ import re
 import statistics
 from typing import Callable, Iterable, Sequence
 
+import nli_jax.tasks  # noqa: F401  (the task registry imports every corpus module: each registers its corpus)
 from nli_jax import storage
 from nli_jax.data import nli as nli_data
 from nli_jax.data.readers import DataError, read_validated
+from nli_jax.tasks.nli import TASK_CORPORA
 
-LABELS = nli_data.NLI_LABELS
 OVERLAP_MEASURES = ("jaccard", "lcs_ratio", "new_token_rate")
 LENGTH_BINS = ((1, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30), (31, None))  # inclusive, None = open
 
@@ -54,11 +55,11 @@ def tokenize_chinese(text: str) -> list[str]:
 
 
 TOKENIZERS: dict[str, Callable[[str], list[str]]] = {"words": tokenize_words, "chinese_characters": tokenize_chinese}
-CORPUS_TOKENIZATION = {"ocnli": "chinese_characters"}  # every other corpus: "words"
 
 
 def tokenization_for(corpus_name: str) -> str:
-    return CORPUS_TOKENIZATION.get(corpus_name, "words")
+    """How the analysis splits corpus `corpus_name`'s text (its spec's analysis_tokenization)."""
+    return nli_data.get_corpus(corpus_name).analysis_tokenization
 
 
 # --- the statistics ---------------------------------------------------------------------------
@@ -100,7 +101,8 @@ def new_token_rate(premise: Sequence[str], hypothesis: Sequence[str]) -> float:
     return sum(token not in seen for token in hypothesis) / len(hypothesis)
 
 
-def label_word_pmi(hypotheses: Sequence[Sequence[str]], labels: Sequence[int], *, num_labels: int = len(LABELS),
+def label_word_pmi(hypotheses: Sequence[Sequence[str]], labels: Sequence[int], *,
+                   num_labels: int = len(nli_data.NLI_LABELS),
                    smoothing: float = 100.0, min_count: int = 5, top_k: int = 10) -> list[list[dict]]:
     """Per label, the `top_k` hypothesis words by PMI(word, label) = log p(w, l) / (p(w) p(l)),
     from token counts with `smoothing` added to every (word, label) cell of the vocabulary
@@ -146,27 +148,28 @@ def summary(values: Sequence[float]) -> dict:
     return {"mean": float(statistics.fmean(values)), "median": float(statistics.median(values))}
 
 
-def overlap_by_label(pairs: Sequence[tuple[list[str], list[str]]], labels: Sequence[int]) -> dict:
+def overlap_by_label(pairs: Sequence[tuple[list[str], list[str]]], labels: Sequence[int],
+                     names: Sequence[str] = nli_data.NLI_LABELS) -> dict:
     """{label name | "overall": {"n", jaccard/lcs_ratio/new_token_rate: {"mean", "median"}}};
     pairs whose hypothesis has no token are left out (n counts the pairs used)."""
-    values = {group: {m: [] for m in OVERLAP_MEASURES} for group in (*LABELS, "overall")}
+    values = {group: {m: [] for m in OVERLAP_MEASURES} for group in (*names, "overall")}
     for (premise, hypothesis), label in zip(pairs, labels, strict=True):
         if not hypothesis:
             continue
         measured = {"jaccard": jaccard(premise, hypothesis), "lcs_ratio": lcs_ratio(premise, hypothesis),
                     "new_token_rate": new_token_rate(premise, hypothesis)}
-        for group in (LABELS[label], "overall"):
+        for group in (names[label], "overall"):
             for measure, value in measured.items():
                 values[group][measure].append(value)
     return {group: {"n": len(v["jaccard"]), **{m: summary(v[m]) for m in OVERLAP_MEASURES}, "values": v}
             for group, v in values.items()}
 
 
-def length_by_label(lengths: Sequence[int], labels: Sequence[int]) -> dict:
+def length_by_label(lengths: Sequence[int], labels: Sequence[int], names: Sequence[str] = nli_data.NLI_LABELS) -> dict:
     """{label name | "overall": mean, median, min, max, histogram {length: count}, binned counts}."""
-    groups = {group: [] for group in (*LABELS, "overall")}
+    groups = {group: [] for group in (*names, "overall")}
     for length, label in zip(lengths, labels, strict=True):
-        groups[LABELS[label]].append(length)
+        groups[names[label]].append(length)
         groups["overall"].append(length)
     out = {}
     for group, values in groups.items():
@@ -184,20 +187,20 @@ def _bin_name(lo: int, hi: int | None) -> str:
     return f"{lo}+" if hi is None else f"{lo}-{hi}"
 
 
-def label_counts(labels: Sequence[int]) -> dict:
+def label_counts(labels: Sequence[int], names: Sequence[str]) -> dict:
     counter = collections.Counter(labels)
     total = len(labels)
-    out = {name: {"count": counter[i], "share": counter[i] / total if total else 0.0} for i, name in enumerate(LABELS)}
+    out = {name: {"count": counter[i], "share": counter[i] / total if total else 0.0} for i, name in enumerate(names)}
     out["overall"] = {"count": total, "share": 1.0 if total else 0.0}
     return out
 
 
-def category_counts(examples: Sequence[dict]) -> dict:
+def category_counts(examples: Sequence[dict], names: Sequence[str]) -> dict:
     """{category: {value: {label name: count}}}: whether a category is skewed towards a label."""
-    out = collections.defaultdict(lambda: collections.defaultdict(lambda: dict.fromkeys(LABELS, 0)))
+    out = collections.defaultdict(lambda: collections.defaultdict(lambda: dict.fromkeys(names, 0)))
     for example in examples:
         for name, value in example["categories"].items():
-            out[name][value][LABELS[example["label"]]] += 1
+            out[name][value][names[example["label"]]] += 1
     return {name: {value: dict(v) for value, v in sorted(values.items())} for name, values in sorted(out.items())}
 
 
@@ -206,15 +209,13 @@ def category_counts(examples: Sequence[dict]) -> dict:
 def nli_task_corpora() -> dict[str, str]:
     """{registered NLI task name: the corpus its data comes from}. The translate-train task is
     analysed on its machine-translated training corpus (its IndoNLI splits are `indonli`'s)."""
-    from nli_jax.tasks.nli import TASK_CORPORA
-    return dict(sorted(TASK_CORPORA.items()))
+    return {task: corpus.name for task, corpus in sorted(TASK_CORPORA.items())}
 
 
 def corpus_for_task(task_name: str) -> nli_data.NLICorpus:
-    corpora = nli_task_corpora()
-    if task_name not in corpora:
-        raise ValueError(f"unknown NLI task {task_name!r}; registered NLI tasks: {sorted(corpora)}")
-    return nli_data.CORPORA[corpora[task_name]]
+    if task_name not in TASK_CORPORA:
+        raise ValueError(f"unknown NLI task {task_name!r}; registered NLI tasks: {sorted(TASK_CORPORA)}")
+    return TASK_CORPORA[task_name]
 
 
 def resolve_split(corpus: nli_data.NLICorpus, source: str, split: str) -> tuple[str, str]:
@@ -244,9 +245,9 @@ def load_split(corpus: nli_data.NLICorpus, split: str, path: str) -> list[dict]:
 
 # --- hypothesis-only predictions ---------------------------------------------------------------
 
-def read_predictions(path: str) -> list[tuple[int, dict]]:
+def read_predictions(path: str, names: Sequence[str] = nli_data.NLI_LABELS) -> list[tuple[int, dict]]:
     """(line number, row) of a run's predictions.jsonl, each row checked for the fields that
-    ClassificationTask.prediction_records writes."""
+    ClassificationTask.prediction_records writes (labels among the corpus's `names`)."""
     if not storage.isfile(path):
         raise FileNotFoundError(f"predictions file {path} not found")
     rows = []
@@ -268,8 +269,8 @@ def read_predictions(path: str) -> list[tuple[int, dict]]:
                 raise DataError(f"{path}:{number}: no gold label; predictions of unlabelled input (finetune.predict) "
                                 "cannot be scored")
             for field in ("label", "prediction"):
-                if row[field] not in LABELS:
-                    raise DataError(f"{path}:{number}: {field} {row[field]!r} is not one of {list(LABELS)}")
+                if row[field] not in names:
+                    raise DataError(f"{path}:{number}: {field} {row[field]!r} is not one of {list(names)}")
             rows.append((number, row))
     if not rows:
         raise DataError(f"{path}: no predictions")
@@ -319,18 +320,18 @@ def join_predictions(path: str, rows: Sequence[tuple[int, dict]], corpus: nli_da
             raise DataError(f"{path}:{number}: id {example_id!r} matches {len(candidates)} examples in {where} "
                             "and idx does not tell them apart")
         example = candidates[0]
-        if row["label"] != LABELS[example["label"]]:
+        if row["label"] != corpus.labels[example["label"]]:
             raise DataError(f"{path}:{number}: gold label {row['label']!r} for id {example_id!r} but the data file "
-                            f"says {LABELS[example['label']]!r}; the predictions do not belong to {where}")
+                            f"says {corpus.labels[example['label']]!r}; the predictions do not belong to {where}")
         if (split, id(example)) in matched:
             raise DataError(f"{path}:{number}: a second prediction for id {example_id!r} in split {split!r} "
                             f"(first on line {matched[split, id(example)]})")
         matched[split, id(example)] = number
-        out[split].append((example, LABELS.index(row["prediction"])))
+        out[split].append((example, corpus.labels.index(row["prediction"])))
     return dict(out)
 
 
-def hypothesis_only_report(joined: dict[str, list[tuple[dict, int]]]) -> dict:
+def hypothesis_only_report(joined: dict[str, list[tuple[dict, int]]], names: Sequence[str]) -> dict:
     """Per split: accuracy overall, by gold label, by every category and by tag (as NLITask.report)."""
     from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
 
@@ -339,9 +340,9 @@ def hypothesis_only_report(joined: dict[str, list[tuple[dict, int]]]) -> dict:
         examples = [e for e, _ in pairs]
         gold = [e["label"] for e in examples]
         predicted = [p for _, p in pairs]
-        by_label = accuracy_by(gold, predicted, [LABELS[g] for g in gold])
+        by_label = accuracy_by(gold, predicted, [names[g] for g in gold])
         report = {"count": len(gold), "accuracy": accuracy(gold, predicted),
-                  "by_label": {name: by_label[name] for name in LABELS if name in by_label}}
+                  "by_label": {name: by_label[name] for name in names if name in by_label}}
         for name in sorted({k for e in examples for k in e["categories"]}):
             groups = [e["categories"].get(name, "unknown") for e in examples]
             report[f"by_{name}"] = accuracy_by(gold, predicted, groups)
@@ -376,25 +377,27 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     examples = load_split(corpus, split, path)
     hypothesis_only = None
     if predictions:
-        joined = join_predictions(predictions, read_predictions(predictions), corpus, source)
+        joined = join_predictions(predictions, read_predictions(predictions, corpus.labels), corpus, source)
         hypothesis_only = {"file": storage.resolve(predictions), "run": run_settings(predictions),
-                           "splits": hypothesis_only_report(joined)}
+                           "splits": hypothesis_only_report(joined, corpus.labels)}
 
-    tokenization = tokenization_for(corpus.name)
+    names = corpus.labels
+    tokenization = corpus.analysis_tokenization
     tokenize = TOKENIZERS[tokenization]
     pairs = [(tokenize(e["premise"]), tokenize(e["hypothesis"])) for e in examples]
     labels = [e["label"] for e in examples]
-    pmi = label_word_pmi([h for _, h in pairs], labels, smoothing=smoothing, min_count=min_count, top_k=top_k)
-    overlap = overlap_by_label(pairs, labels)
-    lengths = length_by_label([len(h) for _, h in pairs], labels)
+    pmi = label_word_pmi([h for _, h in pairs], labels, num_labels=len(names), smoothing=smoothing,
+                         min_count=min_count, top_k=top_k)
+    overlap = overlap_by_label(pairs, labels, names)
+    lengths = length_by_label([len(h) for _, h in pairs], labels, names)
 
     report = {
-        "task": task, "corpus": corpus.name, "split": split, "file": storage.resolve(path),
+        "task": task, "corpus": corpus.name, "split": split, "file": storage.resolve(path), "labels": list(names),
         "settings": {"tokenization": tokenization, "pmi_smoothing": smoothing, "pmi_min_count": min_count,
                      "pmi_log": "natural", "top_k": top_k},
-        "counts": label_counts(labels),
-        "category_counts": category_counts(examples),
-        "pmi": {LABELS[i]: entries for i, entries in enumerate(pmi)},
+        "counts": label_counts(labels, names),
+        "category_counts": category_counts(examples, names),
+        "pmi": {names[i]: entries for i, entries in enumerate(pmi)},
         "overlap": {g: {k: v for k, v in stats.items() if k != "values"} for g, stats in overlap.items()},
         "hypothesis_length": {g: {k: v for k, v in stats.items() if k != "values"} for g, stats in lengths.items()},
     }
@@ -422,7 +425,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
 def markdown(report: dict) -> str:
     """analysis.md: every table of analysis.json (4 decimals for rates and PMI, 2 for lengths)."""
     s = report["settings"]
-    groups = (*LABELS, "overall")
+    names = report["labels"]
+    groups = (*names, "overall")
     lines = [f"# Artifact analysis: {report['task']} ({report['corpus']}), split `{report['split']}`", "",
              f"Data: `{report['file']}`. Tokenisation: {s['tokenization']} (lowercased). "
              f"PMI: natural log, add-{s['pmi_smoothing']:g} smoothing, words with at least "
@@ -433,13 +437,13 @@ def markdown(report: dict) -> str:
                     [(g, report["counts"][g]["count"], _number(report["counts"][g]["share"])) for g in groups])
     for name, values in report["category_counts"].items():
         lines += [f"Labels by `{name}`:", ""]
-        lines += _table([name, *LABELS, "total"],
-                        [(value, *(c[l] for l in LABELS), sum(c.values())) for value, c in values.items()])
+        lines += _table([name, *names, "total"],
+                        [(value, *(c[l] for l in names), sum(c.values())) for value, c in values.items()])
 
     lines += ["## Label–word PMI (hypotheses)", "",
               "Top words per gold label; `count`: occurrences in that label's hypotheses, `total`: in all "
               "hypotheses, `share`: fraction of that label's hypotheses containing the word.", ""]
-    for label in LABELS:
+    for label in names:
         lines += [f"### {label}", ""]
         lines += _table(["rank", "word", "PMI", "count", "total", "share"],
                         [(rank, e["word"], _number(e["pmi"]), e["count"], e["total_count"],
@@ -505,13 +509,14 @@ def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dic
 
     installed = {f.name for f in font_manager.fontManager.ttflist}
     cjk = [name for name in _CJK_FONTS if name in installed]
-    colours = {"entailment": "tab:green", "neutral": "tab:gray", "contradiction": "tab:red"}
+    names = report["labels"]
+    colours = dict(zip(names, ("tab:green", "tab:gray", "tab:red", "tab:blue", "tab:orange")))
     title = f"{report['corpus']} {report['split']}"
     files = {}
     with plt.rc_context({"font.sans-serif": [*cjk, "DejaVu Sans"]}):
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         for ax, measure in zip(axes, OVERLAP_MEASURES):
-            for label in LABELS:
+            for label in names:
                 values = overlap[label]["values"][measure]
                 if values:
                     ax.hist(values, bins=20, range=(0, 1), density=True, histtype="step", linewidth=1.8,
@@ -527,7 +532,7 @@ def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dic
         all_lengths = lengths["overall"]["values"]
         top = max(1, int(sorted(all_lengths)[int(0.995 * (len(all_lengths) - 1))])) if all_lengths else 1
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        for label in LABELS:
+        for label in names:
             values = [min(v, top) for v in lengths[label]["values"]]
             if values:
                 ax.hist(values, bins=[b - 0.5 for b in range(0, top + 2)], histtype="step", linewidth=1.8,
@@ -539,8 +544,8 @@ def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dic
         fig.tight_layout()
         files["hypothesis length per label"] = _save(fig, workdir, "hypothesis_length.png")
 
-        fig, axes = plt.subplots(1, 3, figsize=(15, max(3.0, 0.35 * report["settings"]["top_k"] + 1.5)))
-        for ax, label in zip(axes, LABELS):
+        fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), max(3.0, 0.35 * report["settings"]["top_k"] + 1.5)))
+        for ax, label in zip(axes, names):
             entries = report["pmi"][label][::-1]
             ax.barh([_plot_word(e["word"], bool(cjk)) for e in entries], [e["pmi"] for e in entries],
                     color=colours[label])
