@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from nli_jax.tasks.indonli import INDONLI
 
 CPU_TEST = "configs/indonli_large.py:cpu_test"
 # Reading a damaged checkpoint fails inside orbax while some of its tensorstore reads are still
@@ -505,10 +506,10 @@ def test_jsonl_line_separator_inside_a_string_is_not_a_new_line(tmp_path):
     (tmp_path / "val.jsonl").write_text("\n".join(nli_rows(3)), encoding="utf-8")
     from nli_jax.data.readers import DataError
     with pytest.raises(DataError, match=r"train.jsonl:5: unknown label 'x'"):
-        nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))
+        nli.load_examples(INDONLI, str(tmp_path))
     rows[4] = nli_rows(1)[0]
     (tmp_path / "train.jsonl").write_text("\n".join(rows), encoding="utf-8")
-    examples = nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))["train"]
+    examples = nli.load_examples(INDONLI, str(tmp_path))["train"]
     assert len(examples) == 6 and examples[2]["premise"] == "baris\u2028pertama\x0ckedua"
 
 
@@ -522,13 +523,13 @@ def test_json_array_errors_name_the_line_of_the_record(tmp_path):
     records[2]["label"] = "q"
     (tmp_path / "diagnostic.jsonl").write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]")
     with pytest.raises(DataError, match=r"diagnostic.jsonl:4: unknown label 'q'"):
-        nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))
+        nli.load_examples(INDONLI, str(tmp_path))
     (tmp_path / "diagnostic.jsonl").write_text('[\n{"pair_id": 1},\n{"pair_id": 2,,}\n]')
     with pytest.raises(DataError, match=r"diagnostic.jsonl:3: malformed JSON array"):
-        nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))
+        nli.load_examples(INDONLI, str(tmp_path))
     (tmp_path / "diagnostic.jsonl").write_text("[]")
     with pytest.raises(DataError, match=r"diagnostic.jsonl: no examples"):
-        nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))
+        nli.load_examples(INDONLI, str(tmp_path))
 
 
 def test_non_utf8_pretraining_corpus_names_the_line(tmp_path):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, config_for
+from nli_jax.tasks.indonli import INDONLI
 
 CPU_TEST = "configs/indonli_large.py:cpu_test"
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -218,7 +219,7 @@ def test_a_premise_of_invisible_characters_is_empty(tmp_path, text):
     from nli_jax.data.readers import DataError
     source = _indonli(tmp_path, [{"premise": text, "hypothesis": "h", "label": "e"}])
     with pytest.raises(DataError, match=r"train.jsonl:6: field 'premise' is empty \(only whitespace or invisible"):
-        nli.load_examples(nli.get_corpus("indonli"), str(source))
+        nli.load_examples(INDONLI, str(source))
 
 
 def _tagging_file(path, lines):

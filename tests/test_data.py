@@ -6,6 +6,7 @@ import pytest
 
 from nli_jax.data import fixture_path, nli, pipeline
 from nli_jax.data.readers import DataError
+from nli_jax.tasks.indonli import INDONLI
 
 
 def _write_indonli(tmp_path, train_lines, val_lines=None):
@@ -30,20 +31,20 @@ GOOD = json.dumps({"premise": "Ani membaca buku.", "hypothesis": "Ani membaca.",
 def test_bad_rows_name_file_and_line(tmp_path, bad, message):
     source = _write_indonli(tmp_path, [GOOD, bad, GOOD])
     with pytest.raises(DataError, match=message):
-        nli.load_examples(nli.get_corpus("indonli"), source)
+        nli.load_examples(INDONLI, source)
 
 
 def test_non_utf8_file_names_the_line(tmp_path):
     source = _write_indonli(tmp_path, GOOD.encode() + b"\n" + GOOD.encode() + b"\n" +
                             '{"premise": "caf\xe9", "hypothesis": "b", "label": "e"}'.encode("latin-1"))
     with pytest.raises(DataError, match=r"train.jsonl:3: not UTF-8"):
-        nli.load_examples(nli.get_corpus("indonli"), source)
+        nli.load_examples(INDONLI, source)
 
 
 def test_missing_required_split_is_named(tmp_path):
     (tmp_path / "val.jsonl").write_text(GOOD)
     with pytest.raises(FileNotFoundError, match=r"train.jsonl not found"):
-        nli.load_examples(nli.get_corpus("indonli"), str(tmp_path))
+        nli.load_examples(INDONLI, str(tmp_path))
 
 
 def test_diagnostic_is_one_json_array_and_tags_come_from_the_file(tmp_path):
@@ -51,7 +52,7 @@ def test_diagnostic_is_one_json_array_and_tags_come_from_the_file(tmp_path):
     (tmp_path / "diagnostic.jsonl").write_text(json.dumps([
         {"pair_id": 1, "label": "c", "premise": "a b", "hypothesis": "c", "inference_phenomena": ["NEG", "QUANT"]},
         {"pair_id": 2, "label": "e", "premise": "a", "hypothesis": "a", "inference_phenomena": ["NEWTAG"]}]))
-    examples = nli.load_examples(nli.get_corpus("indonli"), source)
+    examples = nli.load_examples(INDONLI, source)
     assert [e["tags"] for e in examples["diagnostic"]] == [["NEG", "QUANT"], ["NEWTAG"]]
     assert [e["label"] for e in examples["diagnostic"]] == [2, 0]
 
@@ -66,7 +67,7 @@ def test_builder_writes_array_record_and_reads_it_back(tmp_path):
                                                       "test_expert": 60, "diagnostic": 30}
     files = list((tmp_path / "tfds").rglob("*.array_record*"))
     assert files, "expected array_record files"
-    expected = nli.load_examples(nli.get_corpus("indonli"), fixture_path("nli_tiny"))["validation"]
+    expected = nli.load_examples(INDONLI, fixture_path("nli_tiny"))["validation"]
     got = sorted((splits["validation"][i] for i in range(60)), key=lambda e: e["idx"])
     assert got == expected
 
@@ -104,7 +105,7 @@ def test_a_training_split_over_one_gib_is_written_and_read_back(tmp_path):
 
 
 def test_real_indonli_counts(shared_data, tmp_path):
-    examples = nli.load_examples(nli.get_corpus("indonli"), str(shared_data / "indonli"))
+    examples = nli.load_examples(INDONLI, str(shared_data / "indonli"))
     assert len(examples["train"]) == 10330 and len(examples["validation"]) == 2197
     sizes = {e["categories"]["sentence_size"] for e in examples["train"]}
     assert sizes == {"single", "double", "multiple"}
@@ -121,10 +122,10 @@ def test_download_from_a_local_server(tmp_path):
     thread.start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}/"
-        target = nli.download_corpus(nli.get_corpus("indonli"), str(tmp_path / "dl"), base_url=base)
+        target = nli.download_corpus(INDONLI, str(tmp_path / "dl"), base_url=base)
         assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == sorted(
             ["train.jsonl", "val.jsonl", "test_lay.jsonl", "test_expert.jsonl", "diagnostic.jsonl"])
-        assert len(nli.load_examples(nli.get_corpus("indonli"), target)["train"]) == 300
+        assert len(nli.load_examples(INDONLI, target)["train"]) == 300
     finally:
         server.shutdown()
 

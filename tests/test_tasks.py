@@ -8,6 +8,8 @@ import pytest
 from configs import finetune_common, indonlu as indonlu_config
 from nli_jax.data import indonlu, nli
 from nli_jax.data.readers import DataError
+from nli_jax.tasks.inferes import INFERES
+from nli_jax.tasks.ocnli import OCNLI
 
 # IndoNLU paper, Table 1 (train / valid).
 TABLE_1 = {"emot": (3521, 440), "smsa": (11000, 1260), "casa": (810, 90), "hoasa": (2283, 285), "wrete": (300, 50),
@@ -37,13 +39,13 @@ def test_tokens_with_spaces_are_kept_whole(shared_data):
 
 
 def test_nli_corpora_counts(shared_data):
-    ocnli = nli.load_examples(nli.get_corpus("ocnli"), str(shared_data / "ocnli"))
+    ocnli = nli.load_examples(OCNLI, str(shared_data / "ocnli"))
     with open(shared_data / "ocnli" / "dev.json", encoding="utf-8") as f:
         raw = [json.loads(line) for line in f if line.strip()]
     assert len(raw) == 3000  # OCNLI dev before dropping label '-'
     assert len(ocnli["validation"]) == sum(r["label"] != "-" for r in raw) == 2950
     assert {e["categories"]["level"] for e in ocnli["validation"]} == {"easy", "medium", "hard"}
-    inferes = nli.load_examples(nli.get_corpus("inferes"), str(shared_data / "inferes"))
+    inferes = nli.load_examples(INFERES, str(shared_data / "inferes"))
     assert len(inferes["train"]) == 6444
     assert {e["categories"]["anno_type"] for e in inferes["train"]} >= {"Generate", "Rewrite"}
 

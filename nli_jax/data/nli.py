@@ -68,10 +68,8 @@ def register_corpus(corpus: NLICorpus) -> NLICorpus:
 
 
 def get_corpus(name: str) -> NLICorpus:
-    """The registered corpus `name`; a DataError naming the known ones otherwise."""
-    # The corpus modules are nli_jax.tasks' (each registers its spec with its task): the task registry
-    # imports them all. Imported here, not at the top: nli_jax.tasks imports this module.
-    import nli_jax.tasks  # noqa: F401
+    """The registered corpus `name` (registered when its module, one of nli_jax.tasks', is imported:
+    the task registry imports them all); a DataError naming the registered ones otherwise."""
     if name not in CORPORA:
         raise DataError(f"unknown NLI corpus {name!r}; known: {sorted(CORPORA)}")
     return CORPORA[name]
