@@ -49,6 +49,7 @@ RUNS = {
                         ["--config.train.max_steps=100"], False),
     "pretrain_electra": ("pretrain.main", "configs/pretrain/electra_small.py:cpu_test",
                          ["--config.train.max_steps=100"], False),
+    "pretrain_crammed": ("pretrain.main", "configs/pretrain/crammed.py:cpu_test", [], False),
     "indonlu_smsa": ("finetune.main", "configs/indonlu.py:task=smsa,model=scratch,cpu_test",
                      [f"--config.data.source={SHARED / 'indonlu'}"], True),
     "indonlu_nerp": ("finetune.main", "configs/indonlu.py:task=nerp,model=scratch,cpu_test",
