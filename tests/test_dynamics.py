@@ -298,3 +298,27 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     assert sum(r["idx"] in flipped for r in lowest) >= 10  # 5 expected by chance
     validation = json.loads((workdir / "results.json").read_text())["splits"]["validation"]["calibration"]
     assert validation["temperature_scaled"]["nll"] <= validation["raw"]["nll"]
+
+
+def test_records_of_a_run_an_older_nli_jax_started_are_this_runs(tmp_path):
+    """A workdir whose config.json and dynamics/meta.json 5272312 wrote (train.record_dynamics=True,
+    dynamics_every_steps=7, calibration=False: today hooks.dynamics / hooks.calibration) is the same
+    run for today's hook: the records' identity is read against the workdir's own config.json, as the
+    cartography reads it (before: today's config.json spelling gave another digest, refused)."""
+    import types
+
+    from nli_jax.hooks.dynamics import DIRECTORY, META, DynamicsError, DynamicsHook, DynamicsOptions, identity
+    from nli_jax.train.planner import build_plan
+    older = json.loads((REPO / "tests" / "fixtures" / "older_config_json" / "indonli_cpu_test_dynamics.json")
+                       .read_text().replace("{REPO}", str(REPO)))
+    plan = build_plan(config_for("indonli_large:cpu_test", "hooks.dynamics.enabled=True",
+                                 "hooks.dynamics.every_steps=7", "hooks.calibration.enabled=False"), training=False)
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    (tmp_path / DIRECTORY).mkdir()
+    (tmp_path / DIRECTORY / META).write_text(json.dumps(dict(identity("indonli", older, 300), mode="every 7 steps")))
+    run = types.SimpleNamespace(plan=plan, workdir=str(tmp_path), evaluator=None)
+    options = DynamicsOptions(enabled=True, every_steps=7)
+    DynamicsHook(run, range(300), options)  # accepted: the records are this run's
+    (tmp_path / "config.json").write_text(json.dumps(dict(older, seeds=[5])))  # another run's config.json
+    with pytest.raises(DynamicsError, match="belongs to another run or task"):
+        DynamicsHook(run, range(300), options)

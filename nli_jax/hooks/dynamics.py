@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from nli_jax import storage
+from nli_jax import workdir as workdir_lib
 from nli_jax.errors import RunError
 from nli_jax.hooks import HOOKS, HookOptions, RunHook
 from nli_jax.options import flag, option
@@ -187,8 +188,11 @@ class DynamicsHook(RunHook):
 
     def __init__(self, run, train_source, options: DynamicsOptions):
         plan = run.plan
-        # Records of another run or task in this workdir are refused here, before any compute.
-        self.recorder = Recorder(run.workdir, identity(plan.task, plan.config_json, len(train_source)),
+        # Records of another run or task in this workdir are refused here, before any compute. The run's
+        # config is the workdir's config.json when it has one (a resumed run keeps the one it started
+        # with, perhaps written by an older nli-jax with older keys), as the cartography reads it.
+        config_json = workdir_lib.read_config(run.workdir) or plan.config_json
+        self.recorder = Recorder(run.workdir, identity(plan.task, config_json, len(train_source)),
                                  global_batch=plan.batch.global_batch, every_steps=options.every_steps)
         self.per_example_outcomes = not self.recorder.every_steps
         self.evaluator, self.train_source = run.evaluator, train_source
