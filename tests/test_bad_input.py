@@ -768,8 +768,8 @@ def test_saving_a_step_that_exists_is_a_no_op(tmp_path):
     ckpt = Checkpointer(str(tmp_path), async_save=True)
     iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
     next(iterator)
-    loop = {"best_metric": None, "best_step": None, "evals_without_improvement": 0, "stopped_early": False,
-            "history": []}
+    from nli_jax.train.record import LoopRecord
+    loop = LoopRecord()
     state = {"step": jnp.int32(2), "x": jnp.ones(3)}
     assert ckpt.save(2, state, iterator, loop)
     assert not ckpt.save(2, state, iterator, loop, force=True)  # while the async save may still run

@@ -107,15 +107,18 @@ def test_the_budget_fixes_the_total_once_and_a_resumed_run_keeps_it():
     plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, budget_minutes=0.5))
     steps = StepPlan(train_examples=1000, steps_per_epoch=10, total_steps=1000, warmup_steps=0, eval_every=10,
                      checkpoint_every=10, log_every=10)
-    calls, bookkeeping = [], {}
-    fixed = budget_steps(plan, steps, bookkeeping, lambda n: calls.append(n) or 0.25)
+    from nli_jax.train.record import LoopRecord
+    calls = []
+    fixed, record = budget_steps(plan, steps, LoopRecord(), lambda n: calls.append(n) or 0.25)
     assert fixed.total_steps == 120 and calls == [plan.train.budget_calibration_steps]
-    assert bookkeeping["budget"]["total_steps"] == 120
-    resumed = budget_steps(plan, steps, json.loads(json.dumps(bookkeeping)), lambda n: 1 / 0)  # not measured again
+    assert record.budget.total_steps == 120
+    # As a checkpoint saves and a resumed run reads it: not measured again.
+    saved = LoopRecord.from_json(json.loads(json.dumps(record.to_json())))
+    resumed, _ = budget_steps(plan, steps, saved, lambda n: 1 / 0)
     assert resumed == fixed
-    assert budget_steps(plan, steps, {}, lambda n: 1e-4).total_steps == 1000  # the cap
+    assert budget_steps(plan, steps, LoopRecord(), lambda n: 1e-4)[0].total_steps == 1000  # the cap
     no_budget = dataclasses.replace(plan, train=dataclasses.replace(plan.train, budget_minutes=0.0))
-    assert budget_steps(no_budget, steps, {}, lambda n: 1 / 0) is steps
+    assert budget_steps(no_budget, steps, LoopRecord(), lambda n: 1 / 0)[0] is steps
 
 
 def test_the_objective_continues_a_modernbert_without_a_sentence_task_only():

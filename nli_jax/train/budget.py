@@ -10,7 +10,7 @@ dropout keys), so the budget becomes a step count before the first real step:
    the run's own still starts at its first batch). The first is the compilation and is not timed;
    the median of the others is the time of a step;
 2. total = min(the cap: train.max_steps / num_epochs, floor(budget_minutes x 60 / that time));
-3. the total and the measurement are recorded in the loop's bookkeeping, which every checkpoint
+3. the total and the measurement are recorded in the loop's record, which every checkpoint
    saves (and in run.json's total_steps); a resumed run reads them back and does not measure
    again, so a run killed and resumed finishes at the same step, with the same schedule and ramp,
    as the same run uninterrupted. Killed before its first checkpoint, a run starts over and
@@ -29,32 +29,31 @@ import jax
 import numpy as np
 
 from nli_jax.plan import RunPlan, StepPlan
+from nli_jax.train.record import BudgetRecord, LoopRecord
 from nli_jax.train.reporting import log
 
-RECORD = "budget"  # the bookkeeping key of the fixed total
 
 
-def budget_steps(plan: RunPlan, steps: StepPlan, bookkeeping: dict, seconds_per_step) -> StepPlan:
-    """The run's StepPlan with its total fixed by the budget (the plan's own without one).
-    `seconds_per_step(n)`: measures a step on n throw-away steps (called only when the run has
-    a budget and no recorded total); the total is written into `bookkeeping`."""
+def budget_steps(plan: RunPlan, steps: StepPlan, record: LoopRecord, seconds_per_step) -> tuple[StepPlan, LoopRecord]:
+    """(the run's StepPlan with its total fixed by the budget (the plan's own without one), the
+    loop's record with that total). `seconds_per_step(n)`: measures a step on n throw-away steps
+    (called only when the run has a budget and no recorded total)."""
     minutes = float(plan.train.budget_minutes)
     if minutes <= 0:
-        return steps
-    record = bookkeeping.get(RECORD)
-    if record is None:
+        return steps, record
+    fixed = record.budget
+    if fixed is None:
         per_step = float(seconds_per_step(plan.train.budget_calibration_steps))
         total = max(1, min(steps.total_steps, int(minutes * 60.0 // per_step)))
-        record = {"minutes": minutes, "seconds_per_step": per_step, "total_steps": total,
-                  "cap": steps.total_steps}
-        bookkeeping[RECORD] = record
+        fixed = BudgetRecord(minutes=minutes, seconds_per_step=per_step, total_steps=total, cap=steps.total_steps)
+        record = record.with_budget(fixed)
         log.info("budget %.4g minutes: %.4f s a step (median of %d calibration steps) -> %d steps%s", minutes, per_step,
                  plan.train.budget_calibration_steps - 1, total,
                  " (train.max_steps / num_epochs cap it)" if total == steps.total_steps else "")
     else:
         log.info("budget %.4g minutes: %d steps, as fixed when the run started (%.4f s a step)", minutes,
-                 record["total_steps"], record["seconds_per_step"])
-    return with_total(plan, steps, int(record["total_steps"]))
+                 fixed.total_steps, fixed.seconds_per_step)
+    return with_total(plan, steps, int(fixed.total_steps)), record
 
 
 def with_total(plan: RunPlan, steps: StepPlan, total: int) -> StepPlan:

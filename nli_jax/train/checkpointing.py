@@ -1,4 +1,4 @@
-"""orbax checkpoints: train state + grain iterator state + loop bookkeeping in one step
+"""orbax checkpoints: train state + grain iterator state + the loop's record in one step
 directory, the latest N kept, plus the best parameters by validation metric kept apart.
 
 A restarted command restores the newest complete checkpoint; orbax never exposes a step whose
@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 
 from nli_jax import storage
 from nli_jax.errors import RunError, disk_full, no_space_left
+from nli_jax.train.record import LoopRecord
 from nli_jax.workdir import UNREADABLE_DIR
 
 log = logging.getLogger("nli_jax")
@@ -83,7 +84,8 @@ class Checkpointer:
         finally:
             best.close()
 
-    def save(self, step: int, state, data_iterator, loop: dict, *, force: bool = False, final: bool = False) -> bool:
+    def save(self, step: int, state, data_iterator, loop: LoopRecord, *, force: bool = False,
+             final: bool = False) -> bool:
         """Saves `step` unless it is saved (or being saved) already: a SIGTERM that arrives on
         a checkpoint step asks for the step that was just written.
 
@@ -94,8 +96,7 @@ class Checkpointer:
         if step in self._saved or step in self.manager.all_steps():
             return False
         self._saved.add(step)
-        # As it is now: the loop goes on changing it while an async save runs.
-        loop = json.loads(json.dumps(dict(loop, optimizer_state=not final)))
+        loop = json.loads(json.dumps(dict(loop.to_json(), optimizer_state=not final)))
         if final:
             state = _without_optimizer(state)
         try:
@@ -118,7 +119,7 @@ class Checkpointer:
         for step in steps:
             try:
                 state, loop = self.restore(step, abstract_state, data_iterator)
-                _check_loop(loop)
+                loop = LoopRecord.from_json(loop)
                 restored_step = int(jax.device_get(state["step"]))
                 if restored_step != step:
                     raise ValueError(f"its state holds step {restored_step}")
@@ -286,10 +287,3 @@ def _without_optimizer(state: dict) -> dict:
 def abstract_like(tree):
     """ShapeDtypeStructs with the same shardings: what StandardRestore restores into."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
-def _check_loop(loop) -> None:
-    """The loop bookkeeping restored with a checkpoint must be the dict the loop saved."""
-    keys = ("best_metric", "best_step", "evals_without_improvement", "stopped_early", "history")
-    if not isinstance(loop, dict) or any(k not in loop for k in keys):
-        raise ValueError(f"loop metadata is not the loop's bookkeeping: {str(loop)[:120]}")

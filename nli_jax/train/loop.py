@@ -15,7 +15,6 @@ predictions.jsonl. What a run does besides (training dynamics, calibration) are 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import os
 
@@ -40,8 +39,9 @@ from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.preemption import Preempted, Preemption
+from nli_jax.train.record import LoopRecord
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
-from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare, training_examples
+from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare
 from nli_jax.train.steps import PROBES, make_train_step
 from nli_jax.train.tools import export
 
@@ -84,17 +84,16 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
     setup_logging(workdir)
     workdir_lib.check_no_links(workdir)  # (a seed's run: W/seed_<s>) nothing it writes goes through a link
     compiled_before = compilation.totals()
-    run, steps, train_source, inputs = checked_setup(plan, workdir)
+    run, hooks, steps, train_source, inputs = checked_setup(plan, workdir)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
-    state, bookkeeping, reused = train(run, steps, train_source)
+    state, record, reused = train(run, hooks, steps, train_source)
     workdir_lib.check_still_there(workdir, "the final evaluation's files were")
-    params, evaluated_step = _best_params(run, state, bookkeeping)
-    fields = dict(steps=bookkeeping["steps"], best_step=bookkeeping["best_step"], evaluated_step=evaluated_step,
-                  stopped_early=bookkeeping["stopped_early"], history=bookkeeping["history"],
-                  train_tokens=bookkeeping["train_tokens"])
+    params, evaluated_step = _best_params(run, state, record)
+    fields = dict(steps=record.steps, best_step=record.best_step, evaluated_step=evaluated_step,
+                  stopped_early=record.stopped_early, history=list(record.history), train_tokens=record.train_tokens)
     results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits],
-                                        hooks=run.hooks, reused=reused, fields=fields)
+                                        hooks=hooks, reused=reused, fields=fields)
     results["compilation"] = compilation.since(compiled_before)
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
              results["compilation"])
@@ -103,16 +102,16 @@ def run_one(plan: RunPlan, workdir: str) -> dict:
         results["export"] = export(run, state["params"], storage.makedirs(storage.under(workdir, "export")))
     if plan.export_best:  # the best parameters with real label names: loads in *For...Classification
         results["export_best"] = export(run, params, storage.makedirs(storage.under(workdir, "export_best")),
-                                        fields=run_hooks.export_fields(run.hooks))
+                                        fields=run_hooks.export_fields(hooks))
     write_json(storage.under(workdir, "results.json"), results)
     write_jsonl(storage.under(workdir, "predictions.jsonl"), records)
-    workdir_lib.write_state(workdir, "finished", step=bookkeeping["steps"], total_steps=bookkeeping["total_steps"],
-                            best_step=bookkeeping["best_step"])
+    workdir_lib.write_state(workdir, "finished", step=record.steps, total_steps=record.total_steps,
+                            best_step=record.best_step)
     return results
 
 
 def checked_setup(plan: RunPlan, workdir: str):
-    """(run setup with its hooks, step plan, training examples, the inputs' fingerprint), every
+    """(run setup, its hooks, step plan, training examples, the inputs' fingerprint), every
     check passed: the workdir's config and inputs against this run's, the data, the model, the
     steps and the hooks' own (records of another run in the workdir)."""
     workdir_lib.check_config(workdir, plan.config_json, type(plan.task_options))
@@ -125,52 +124,46 @@ def checked_setup(plan: RunPlan, workdir: str):
     known = inputs_lib.fingerprint(files=files, tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
     inputs_lib.check_inputs(workdir, known, trained=trained)  # before any data is (re)built in the workdir
     with recording_reads() as data_files:
-        run = prepare(plan, workdir, checked=checked)
-    task = run.task
+        run = prepare(plan, workdir, checked=checked, training=True)
+    task, train_source = run.task, run.train_examples
     missing = [s for s in plan.eval_splits if s not in run.splits]
     if missing:
         log.info("splits not in the data (held-out files absent), skipped: %s", missing)
-    for needed in (task.train_split, task.validation_split):
-        if needed not in run.splits:
-            raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
-    train_source = training_examples(plan, task, run.splits)
     planner.check_label_variety(plan, task, train_source)
     steps = planner.step_plan(plan, len(train_source))
-    if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
-        run = dataclasses.replace(run, splits=dict(run.splits, train=train_source))
-    run = dataclasses.replace(run, hooks=tuple(run_hooks.for_training(run, train_source)))
+    hooks = tuple(run_hooks.for_training(run, train_source))
     current = dict(known, data=dict(sorted(data_files.items())))
     inputs_lib.check_inputs(workdir, current, trained=trained, parts=("data",))
     if trained and inputs_lib.read_inputs(workdir) is None:
         log.info("%s has no %s (written by an older nli-jax): recording this run's inputs from now on", workdir,
                  inputs_lib.INPUTS_FILE)
-    return run, steps, train_source, current
+    return run, hooks, steps, train_source, current
 
 
-def _best_params(run: RunSetup, state, bookkeeping: dict):
+def _best_params(run: RunSetup, state, record: LoopRecord):
     """(parameters, step) of the run's best evaluation (best/, pruned to that step), else the
     final ones. When the best step is the final one, best/ holds the parameters in memory: they
     are not read back (on a 117M-parameter model that read was 2-3 s of every short fine-tuning run)."""
     final_step = int(jax.device_get(state["step"]))
     ckpt = Checkpointer(run.workdir, keep=run.plan.train.keep_checkpoints, async_save=False)
     try:
-        if bookkeeping["best_step"] is not None and bookkeeping["best_step"] == final_step:
+        if record.best_step is not None and record.best_step == final_step:
             best = state["params"]
         else:
-            best, _ = ckpt.restore_best(abstract_like(state["params"]), step=bookkeeping["best_step"],
+            best, _ = ckpt.restore_best(abstract_like(state["params"]), step=record.best_step,
                                         abstract_state=abstract_like(state))
-        ckpt.prune_best(bookkeeping["best_step"])
+        ckpt.prune_best(record.best_step)
     finally:
         ckpt.close()
-    return (best, bookkeeping["best_step"]) if best is not None else (state["params"], final_step)
+    return (best, record.best_step) if best is not None else (state["params"], final_step)
 
 
 # --- the training loop ----------------------------------------------------------------------
 
-def train(run: RunSetup, steps: StepPlan, train_source):
-    """The training loop: returns (final state, loop bookkeeping, the evaluation made at the best
+def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
+    """The training loop: returns (final state, the loop's record, the evaluation made at the best
     step in this process, if any, so the final evaluation need not repeat it)."""
-    task, plan, hooks = run.task, run.plan, run.hooks
+    task, plan = run.task, run.plan
     tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps,
                                   unit_peak=True)  # over the cap
@@ -178,24 +171,24 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     batches = train_batches(run, train_source, steps.total_steps)
     train_iter = iter(batches.iterator(plan.data.workers))
     ckpt = Checkpointer(run.workdir, keep=plan.train.keep_checkpoints, async_save=plan.train.async_checkpointing)
-    state, bookkeeping = _resume(ckpt, state, train_iter)
-    steps, train_step = _budgeted(run, steps, bookkeeping, state, train_step, batches)
+    state, record = _resume(ckpt, state, train_iter)
+    steps, train_step, record = _budgeted(run, hooks, steps, record, state, train_step, batches)
     step = int(jax.device_get(state["step"]))
     train_step.compile_ahead(state, _one_batch_per_shape(run, batches, step, steps.total_steps))
     for hook in hooks:
         hook.start(step)
     run_state = {"total_steps": steps.total_steps}
-    workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"], **run_state)
+    workdir_lib.write_state(run.workdir, "running", step=step, best_step=record.best_step, **run_state)
     reporter = Reporter(run.workdir, steps.total_steps, step, scalars=task.training_scalars,
                         flops_per_token=run.model.training_flops_per_token(plan.data.max_seq_length),
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
     selects = _selects_best_step(run)
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
-    pending, padding = [], _Padding(bookkeeping.get("train_tokens"))
-    finite = _FiniteSteps(run.workdir, ckpt, step, run_state, bookkeeping)
+    pending, padding = [], _Padding(record.train_tokens)
+    finite = _FiniteSteps(run.workdir, ckpt, step, run_state, lambda: record.best_step)
     with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption, finite.stops(reporter):
-        while step < steps.total_steps and not bookkeeping["stopped_early"]:
+        while step < steps.total_steps and not record.stopped_early:
             local = next(train_iter)
             real_tokens = int(local["attention_mask"].sum())
             reporter.count(int(local["weight"].sum()) * plan.batch.processes, real_tokens * plan.batch.processes)
@@ -212,28 +205,26 @@ def train(run: RunSetup, steps: StepPlan, train_source):
                 pending = []
             if step % steps.eval_every == 0 or step == steps.total_steps:
                 pending = finite.check(pending)
-                evaluation = _validate(run, ckpt, reporter, state, step, steps, bookkeeping, selects=selects)
-                if bookkeeping["best_step"] == step:
+                evaluation, record = _validate(run, ckpt, reporter, state, step, steps, record, selects=selects)
+                if record.best_step == step:
                     best_evaluation = (step, evaluation)
-            bookkeeping["train_tokens"] = padding.totals()  # what results.json reports survives a resume
-            final = step == steps.total_steps or bookkeeping["stopped_early"]
+            record = record.with_tokens(padding.totals())  # what results.json reports survives a resume
+            final = step == steps.total_steps or record.stopped_early
             if step % steps.checkpoint_every == 0 or final:
                 pending = finite.check(pending)
                 workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
                 for hook in hooks:
                     hook.before_checkpoint(step)
-                ckpt.save(step, state, train_iter, bookkeeping, final=final)
+                ckpt.save(step, state, train_iter, record, final=final)
                 finite.saved(step)
-                workdir_lib.write_state(run.workdir, "running", step=step, best_step=bookkeeping["best_step"],
-                                        **run_state)
+                workdir_lib.write_state(run.workdir, "running", step=step, best_step=record.best_step, **run_state)
             if preemption.reached(step):
                 pending = finite.check(pending)
                 for hook in hooks:
                     hook.before_checkpoint(step)
-                ckpt.save(step, state, train_iter, bookkeeping, force=True)
+                ckpt.save(step, state, train_iter, record, force=True)
                 ckpt.close()
-                workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=bookkeeping["best_step"],
-                                        **run_state)
+                workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=record.best_step, **run_state)
                 log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
                 raise Preempted(143)
         ckpt.wait()
@@ -241,28 +232,28 @@ def train(run: RunSetup, steps: StepPlan, train_source):
     reporter.close()
     padding.log()
     # Tokens this process's steps computed on (rows x length, padding included) and real ones,
-    # over the whole run (kept in the checkpoints' bookkeeping across resumes).
-    bookkeeping = dict(bookkeeping, steps=step, total_steps=steps.total_steps, train_tokens=padding.totals())
+    # over the whole run (kept in the checkpoints' record across resumes).
+    record = record.finished(step, steps.total_steps, padding.totals())
     reused = None
-    if best_evaluation is not None and best_evaluation[0] == bookkeeping["best_step"]:
+    if best_evaluation is not None and best_evaluation[0] == record.best_step:
         reused = {task.validation_split: best_evaluation[1]}
-    return state, bookkeeping, reused
+    return state, record, reused
 
 
-def _budgeted(run: RunSetup, steps: StepPlan, bookkeeping: dict, state, train_step, batches):
-    """(steps, train step) over the run's total: with train.budget_minutes, fixed from a step's
-    measured time (`train_step` on a copy of `state`) or the checkpoint's record of it
+def _budgeted(run: RunSetup, hooks: tuple, steps: StepPlan, record: LoopRecord, state, train_step, batches):
+    """(steps, train step, record) over the run's total: with train.budget_minutes, fixed from a
+    step's measured time (`train_step` on a copy of `state`) or the checkpoint's record of it
     (nli_jax.train.budget), the optimizer's schedule and batch ramp laid over it; else the plan's."""
     calibration = lambda n: budget.time_steps(  # noqa: E731
         train_step, state, iter(batches.iterator(0)), lambda b: pipeline.to_global(b, run.batch_sharding), n)
-    budgeted = budget.budget_steps(run.plan, steps, bookkeeping, calibration)
+    budgeted, record = budget.budget_steps(run.plan, steps, record, calibration)
     if budgeted is steps:  # no budget: the step built over the plan's total is the run's
-        return steps, train_step
+        return steps, train_step, record
     steps = budgeted
     plan = run.plan
     tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=steps.total_steps,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
-    return steps, train_step_for(run.steps, tx, schedule, state["params"], **_hook_outputs(run.hooks))
+    return steps, train_step_for(run.steps, tx, schedule, state["params"], **_hook_outputs(hooks)), record
 
 
 def _hook_outputs(hooks) -> dict:
@@ -399,22 +390,19 @@ def _one_batch_per_shape(run: RunSetup, batches: pipeline.TrainingBatches, step:
 
 
 def _resume(ckpt: Checkpointer, state, train_iter):
-    """(state, loop bookkeeping): from the newest intact checkpoint, or the fresh ones."""
-    bookkeeping = {"best_metric": None, "best_step": None, "evals_without_improvement": 0, "stopped_early": False,
-                   "history": []}
+    """(state, the loop's record): from the newest intact checkpoint, or the fresh ones."""
     try:
         restored = ckpt.restore_latest(abstract_like(state), train_iter)
     except BaseException:
         ckpt.close()
         raise
     if restored is None:
-        return state, bookkeeping
-    latest, restored_state, bookkeeping = restored
+        return state, LoopRecord()
+    latest, restored_state, record = restored
     # A final step's checkpoint has no optimizer state (no step follows it): the fresh one stands in.
     state = dict(restored_state, opt_state=restored_state.get("opt_state", state["opt_state"]))
-    bookkeeping.pop("optimizer_state", None)  # the checkpoint's own record of that
     log.info("resumed from %s at step %d", ckpt.directory, latest)
-    return state, bookkeeping
+    return state, record
 
 
 def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> None:
@@ -446,8 +434,8 @@ class _FiniteSteps:
     never saved. `stops` turns the first bad step into one line naming it: the checkpoints
     written before it are kept, and run.json says "failed" (never "finished")."""
 
-    def __init__(self, workdir: str, ckpt: Checkpointer, step: int, run_state: dict, bookkeeping: dict):
-        self.workdir, self.ckpt, self.run_state, self.bookkeeping = workdir, ckpt, run_state, bookkeeping
+    def __init__(self, workdir: str, ckpt: Checkpointer, step: int, run_state: dict, best_step):
+        self.workdir, self.ckpt, self.run_state, self.best_step = workdir, ckpt, run_state, best_step
         self.last_saved = step if step else None  # a resumed run's checkpoint
 
     def saved(self, step: int) -> None:
@@ -475,7 +463,7 @@ class _FiniteSteps:
             self.ckpt.close()
             reporter.close()
             workdir_lib.write_state(self.workdir, "failed", step=step, last_checkpoint=self.last_saved,
-                                    best_step=self.bookkeeping["best_step"], reason=f"step {step}: {what}",
+                                    best_step=self.best_step(), reason=f"step {step}: {what}",
                                     **self.run_state)
             kept = (f"its last checkpoint, step {self.last_saved}, was written before it and is kept"
                     if self.last_saved else "no checkpoint was written before it")
@@ -516,10 +504,10 @@ def _selects_best_step(run: RunSetup) -> bool:
 
 
 def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step: int, steps: StepPlan,
-              bookkeeping: dict, *, selects: bool = True):
+              record: LoopRecord, *, selects: bool = True):
     """Evaluates on the validation split, keeps the best parameters (`selects` False: the latest,
     as for a task that reports its final parameters) and decides on early stopping; returns the
-    SplitEvaluation."""
+    SplitEvaluation and the loop's record after it."""
     task, patience = run.task, run.plan.train.early_stopping_patience
     evaluation = run.evaluate(state["params"], task.validation_split)
     result = evaluation.report
@@ -527,19 +515,13 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     tracked = {task.primary_metric: metric, "loss": result["loss"],
                **{k: result[k] for k in task.tracked_metrics if k in result}}
     reporter.scalars(step, {f"{task.validation_split}/{k}": v for k, v in tracked.items()})
-    bookkeeping["history"].append({"step": step, "epoch": round(step / steps.steps_per_epoch, 3),
-                                   task.validation_split: tracked})
-    if bookkeeping["best_metric"] is None or metric > bookkeeping["best_metric"] or not selects:
-        bookkeeping.update(best_metric=metric, best_step=step, evals_without_improvement=0)
+    entry = {"step": step, "epoch": round(step / steps.steps_per_epoch, 3), task.validation_split: tracked}
+    record = record.after_validation(step, entry, metric, selects=selects, patience=patience)
+    if record.best_step == step:
         ckpt.save_best(step, state["params"], {"step": step, task.primary_metric: metric, "labels": run.label_names})
-    else:
-        bookkeeping["evals_without_improvement"] += 1
-        if patience and bookkeeping["evals_without_improvement"] >= patience:
-            bookkeeping["stopped_early"] = True
     log.info("eval step %d: %s %s %.4f (best %.4f at step %d)%s", step, task.validation_split, task.primary_metric,
-             metric, bookkeeping["best_metric"], bookkeeping["best_step"],
-             " -> early stop" if bookkeeping["stopped_early"] else "")
-    return evaluation
+             metric, record.best_metric, record.best_step, " -> early stop" if record.stopped_early else "")
+    return evaluation, record
 
 
 class _Padding:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
 from flax import nnx
@@ -22,13 +22,16 @@ from nli_jax.errors import ConfigValueError, RunError
 from nli_jax.models import make_rngs, preset
 from nli_jax.models.config import EncoderConfig
 from nli_jax.plan import ModelPlan, RunPlan
-from nli_jax.tasks import create_task
+from nli_jax.tasks import Task, create_task
 from nli_jax.train import compilation, evaluation, planner
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import sharding as sharding_lib
 from nli_jax.train.reporting import log
 from nli_jax.train.steps import check_dropout_streams, make_eval_step
+
+if TYPE_CHECKING:  # an annotation only: transformers is imported where a tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 
 # --- the model's shape and weights ---------------------------------------------------------
@@ -80,8 +83,8 @@ def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = 
 class ModelInputs:
     """The task, tokenizer and model shape of a run, checked against each other (no data, no
     parameters yet)."""
-    task: Any
-    tokenizer: Any
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
     tokenizer_dir: str
     encoder_config: EncoderConfig
     model_dir: str | None  # model.init's directory (None: built from a preset)
@@ -133,12 +136,12 @@ class StepSetup:
     task (loss, predictions), the model's structure without its parameters, and the shardings of
     parameters and batches on the mesh. launch.compile builds one from abstract shapes alone."""
     plan: RunPlan
-    task: Any
-    graphdef: Any
-    rest: Any
-    param_shardings: Any
-    batch_sharding: Any
-    mesh: Any
+    task: Task
+    graphdef: nnx.GraphDef
+    rest: nnx.State  # the model's state that is not a parameter (RNG counters, ...)
+    param_shardings: dict  # the parameters' pytree of jax.sharding.NamedSharding
+    batch_sharding: jax.sharding.NamedSharding
+    mesh: jax.sharding.Mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +151,10 @@ class RunSetup:
     (with its jitted step)."""
     plan: RunPlan
     workdir: str
-    task: Any  # bound (Task.bind): labels and tokenizer values fixed
+    task: Task  # bound (Task.bind): labels and tokenizer values fixed
     splits: dict
-    tokenizer: Any
-    model: Any
+    tokenizer: PreTrainedTokenizerBase
+    model: nnx.Module
     params: dict  # placed by the logical-axis rules
     encode: Callable
     batching: pipeline.BatchingProtocol
@@ -159,7 +162,9 @@ class RunSetup:
     evaluator: evaluation.Evaluator
     tokenizer_dir: str | None = None
     model_dir: str | None = None
-    hooks: tuple = ()  # nli_jax.hooks: what the run does besides training (chosen by the plan)
+    # A training run's examples (prepare(training=True): training_examples; "train" in `splits` is
+    # them too, so that evaluating "train" evaluates what was trained on); None for the tools.
+    train_examples: object = None
 
     @property
     def mesh(self):
@@ -189,12 +194,13 @@ class RunSetup:
 
 
 def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: list[str] | None = None,
-            model_init: str | None = None, checked: ModelInputs | None = None) -> RunSetup:
+            model_init: str | None = None, checked: ModelInputs | None = None, training: bool = False) -> RunSetup:
     """Data, tokenizer, model, mesh and shardings, in an order that makes bad input fail
     before compute. `splits` replaces the task's own data (evaluate/predict on given files);
     `labels` then gives the label names (from the checkpoint); `model_init` overrides
     model.init (a Hugging Face checkpoint to evaluate as it is); `checked`: the result of
-    `model_inputs` when the caller has it already."""
+    `model_inputs` when the caller has it already; `training`: the run's training examples chosen
+    (`training_examples`, RunSetup.train_examples)."""
     checked = checked or model_inputs(plan, model_init)
     tokenizer = checked.tokenizer
     if splits is None:
@@ -206,6 +212,14 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
     if sample_split is not None:
         planner.check_unknown_rate(tokenizer, plan.model.tokenizer or model_init or plan.model.init,
                                    splits[sample_split], encode, sample_split)
+    train_examples = None
+    if training:
+        for needed in (task.train_split, task.validation_split):
+            if needed not in splits:
+                raise FileNotFoundError(f"task {task.name}: split {needed!r} not found in the data")
+        train_examples = training_examples(plan, task, splits)
+        if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
+            splits = dict(splits, train=train_examples)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
     model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=model_init)
     check_dropout_streams(model)
@@ -218,7 +232,7 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
                                      predict_step=evaluation.predict_step(steps))
     return RunSetup(plan=plan, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
                     params=params, encode=encode, batching=batching, steps=steps, evaluator=evaluator,
-                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
+                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir, train_examples=train_examples)
 
 
 def jit_eval_step(steps: StepSetup):
