@@ -2,6 +2,7 @@
 repository root (`python -m benchmarks.NAME --help` for each one's flags and defaults):
 
     mlm_train_step           the loop's own MLM train step vs transformers' PyTorch eager
+    device_check             the loop's bf16 steps on one GPU / TPU chip: tokens/s, MFU, vs PyTorch there
     encoder_vs_torch         a checkpoint's forward (evaluation) and forward + backward vs PyTorch
     finetune_vs_transformers IndoNLI / NERP fine-tuning end to end vs a transformers + PyTorch loop
     input_pipeline           corpus tokenisation and masked pretraining batches vs transformers' collator

@@ -135,34 +135,49 @@ def handwritten_step_fn(model, plan):
     return run, lambda batch: jax.tree.map(jnp.asarray, batch)
 
 
-def torch_step_fn(config, opt_cfg):
+def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, num_labels: int = 0):
+    """(run, convert, torch): one step of transformers' model of `config` (AutoModelForMaskedLM, or
+    AutoModelForSequenceClassification with `num_labels`) on `device`, float32 parameters, under
+    torch.autocast(bfloat16) with `bf16`; `convert` makes a batch of make_batch (or of
+    benchmarks.device_check.classification_batch) its inputs on that device."""
     import torch
     import transformers
     torch.set_num_threads(os.cpu_count())
-    hf = transformers.BertConfig(**{k: v for k, v in config.to_hf_dict().items() if k != "dtype"})
-    model = transformers.BertForMaskedLM(hf).train()
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.to_hf_dict().items() if k != "dtype"},
+                                           **({"num_labels": num_labels} if num_labels else {}))
+    auto = transformers.AutoModelForSequenceClassification if num_labels else transformers.AutoModelForMaskedLM
+    model = auto.from_config(hf).to(device).train()
     # nli_jax.train.optimizers.decay_mask: decay on matrices (kernels, embeddings) only.
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": opt_cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=opt_cfg.lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
+    device_type = torch.device(device).type
 
     def run(batch):
-        loss = model(**batch).loss
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return float(loss.detach())  # waits for the step (on an accelerator too)
+
+    # ModernBERT takes no token types.
+    fields = ("input_ids", "attention_mask") + (("token_type_ids",) if "token_type_ids" in
+                                                 model.forward.__code__.co_varnames else ())
 
     def convert(batch):
-        labels = np.full(batch["input_ids"].shape, -100, np.int64)
-        for b in range(labels.shape[0]):
-            keep = batch["masked_weights"][b] > 0
-            labels[b, batch["masked_positions"][b][keep]] = batch["masked_ids"][b][keep]
-        inputs = {k: torch.tensor(batch[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
-        return dict(inputs, labels=torch.tensor(labels))
+        if num_labels:
+            labels = np.asarray(batch["label"], np.int64)
+        else:
+            labels = np.full(batch["input_ids"].shape, -100, np.int64)
+            for b in range(labels.shape[0]):
+                keep = batch["masked_weights"][b] > 0
+                labels[b, batch["masked_positions"][b][keep]] = batch["masked_ids"][b][keep]
+        inputs = {k: torch.tensor(batch[k], dtype=torch.long, device=device) for k in fields}
+        return dict(inputs, labels=torch.tensor(labels, device=device))
     return run, convert, torch
 
 

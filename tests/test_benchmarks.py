@@ -100,6 +100,25 @@ def test_mlm_train_step(tmp_path):
     assert "ratio nli_jax_over_pytorch_eager_tokens_per_s" in proc.stdout
 
 
+def test_device_check_tiny(tmp_path):
+    """The accelerator check's CPU mode: every kind of row (MLM of BERT and ModernBERT at two
+    lengths, IndoNLI fine-tuning) through the loop's own bf16 step and PyTorch's; MFU against the
+    given peak; the rows printed for docs/performance.md."""
+    proc, result = run_benchmark("benchmarks.device_check", "--tiny", "--peak_tflops=1", tmp_path=tmp_path)
+    assert result["backend"] == "cpu" and result["peak_bf16_tflops"] == 1.0
+    assert [r["task"] for r in result["rows"]] == ["mlm", "mlm", "mlm", "indonli"]
+    assert {r["model"] for r in result["rows"]} == {"tiny-bert", "tiny-modernbert"}
+    for number, row in enumerate(result["rows"], 1):
+        for side in ("nli-jax", "pytorch"):
+            r = row["sides"][side]
+            assert r["calls"] == 2 and 0 < r["min_s"] <= r["median_s"] <= r["max_s"], (row["name"], side, r)
+            assert r["tokens_per_s"] == pytest.approx(row["batch"] * row["length"] / r["median_s"])
+            assert r["mfu"] == pytest.approx(r["tokens_per_s"] * row["training_flops_per_token"] / 1e12)
+        assert_ratio(result, f"row{number}_nli_jax_over_pytorch_tokens_per_s", row["sides"]["nli-jax"]["tokens_per_s"],
+                     row["sides"]["pytorch"]["tokens_per_s"])
+    assert proc.stdout.count("the loop's own step |") == 4 and "MFU" in proc.stdout
+
+
 @pytest.mark.slow  # MiniLM-L6 compiled twice, PyTorch beside it: ~25 s
 def test_encoder_vs_torch(tmp_path, minilm_dir):
     _, result = run_benchmark("benchmarks.encoder_vs_torch", f"--model={minilm_dir}", "--shapes=2x16",

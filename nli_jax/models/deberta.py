@@ -60,7 +60,7 @@ from nli_jax.models import attention, families
 from nli_jax.models.config import ACTIVATIONS, ConfigError, EncoderConfig, hf_common, hf_fields
 from nli_jax.models.encoder import (EMBED, HEADS, HIDDEN, KV, POSITION, TYPE, VOCAB, Dropout, TransformerLayer,
                                     activation, batch_sharded, dense, first_tokens, layer_norm, layer_runner, normal,
-                                    partitioned, scan_layers, stacked_layers)
+                                    padding_row_zeroed, partitioned, scan_layers, stacked_layers)
 
 MODEL_TYPE = "deberta-v2"
 POSITION_ATTENTION = ("c2p", "p2c")
@@ -178,9 +178,10 @@ class DebertaEmbeddings(nnx.Module):
         o = options(config)
         self.config = config
         e = config.embed_dim
-        emb = lambda n, axes: nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                                        embedding_init=partitioned(normal(config), *axes), rngs=rngs)
-        self.word = emb(config.vocab_size, (VOCAB, EMBED))
+        def emb(n, axes, init=normal(config)):
+            return nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                             embedding_init=partitioned(init, *axes), rngs=rngs)
+        self.word = emb(config.vocab_size, (VOCAB, EMBED), padding_row_zeroed(normal(config), config.pad_token_id))
         self.position = emb(config.max_position_embeddings, (POSITION, EMBED)) if o.position_biased_input else None
         self.token_type = emb(config.type_vocab_size, (TYPE, EMBED)) if config.type_vocab_size > 0 else None
         self.projection = nnx.Linear(

@@ -38,6 +38,17 @@ def normal(config: EncoderConfig):
     return nnx.initializers.normal(stddev=config.initializer_range)
 
 
+def padding_row_zeroed(init, row: int):
+    """`init` with row `row` of the table zeroed: transformers' nn.Embedding(padding_idx=row) as
+    its `_init_weights` leaves it (BERT, ALBERT, RoBERTa, ELECTRA, DeBERTa word tables; RoBERTa's
+    positions). The row's input gradient is zero either way (padding is masked out as a key and
+    its outputs are not scored); only the starting value differed (tests/test_initialisation.py)."""
+    def initialise(key, shape, dtype=jnp.float32):
+        table = init(key, shape, dtype)
+        return table.at[row].set(0) if 0 <= row < shape[0] else table
+    return initialise
+
+
 def activation(name: str):
     if name == "gelu":
         return functools.partial(jax.nn.gelu, approximate=False)
@@ -113,10 +124,13 @@ class Embeddings(nnx.Module):
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
         e = config.embed_dim
-        emb = lambda n, axes: nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                                        embedding_init=partitioned(normal(config), *axes), rngs=rngs)
-        self.word = emb(config.vocab_size, (VOCAB, EMBED))
-        self.position = emb(config.max_position_embeddings, (POSITION, EMBED))
+        def emb(n, axes, init=normal(config)):
+            return nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                             embedding_init=partitioned(init, *axes), rngs=rngs)
+        self.word = emb(config.vocab_size, (VOCAB, EMBED), padding_row_zeroed(normal(config), config.pad_token_id))
+        self.position = emb(config.max_position_embeddings, (POSITION, EMBED),
+                            padding_row_zeroed(normal(config), config.pad_token_id) if config.is_roberta
+                            else normal(config))
         self.token_type = emb(config.type_vocab_size, (TYPE, EMBED))
         self.norm = layer_norm(config, e, EMBED, rngs=rngs)
         self.dropout = Dropout(config.hidden_dropout_prob, rngs=rngs)
