@@ -6,6 +6,7 @@ bounded, JSON arrays read in linear time, ranges on what sizes an allocation) an
 command or the real function."""
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -128,3 +129,77 @@ def test_every_tool_that_writes_refuses_a_finished_runs_files(tmp_path):
     for proc, (argv, message) in zip(commands(tmp_path, *(argv for argv, _ in cases)), cases):
         one_line_error(proc, message)
     assert {p: (run / p).read_bytes() if (run / p).is_file() else None for p in tree(run)} == snapshot
+
+
+# --- 19. parsing that cannot crash ---------------------------------------------------------------
+
+def _deep(levels):
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "array"])
+@pytest.mark.parametrize("row,message", [
+    ('{"pair_id": 1, "x": ' + _deep(100_000) + '}', "nested deeper than 64 levels"),  # RecursionError before
+    ('{"pair_id": 1, "x": ' + _deep(70) + '}', "nested deeper than 64 levels"),
+    ('{"pair_id": ' + "7" * 5000 + '}', "an integer of 5000 digits (at most 100 are read)"),  # ValueError: 4300 digits
+    ('{"label": -' + "7" * 5000 + '}', "an integer of 5000 digits (at most 100 are read)"),
+], ids=["100000-deep", "70-deep", "5000-digit-id", "5000-digit-negative-label"])
+def test_a_row_beyond_the_parsers_bounds_is_one_line_naming_file_and_line(tmp_path, layout, row, message):
+    from nli_jax.data.readers import DataError, read_json_records
+    path = tmp_path / "train.jsonl"
+    good = '{"pair_id": 0, "premise": "a", "hypothesis": "b", "label": "e"}'
+    path.write_text(f"{good}\n\n{row}\n" if layout == "jsonl" else f"[{good},\n\n {row}]\n")
+    with pytest.raises(DataError) as info:
+        list(read_json_records(str(path)))
+    assert str(info.value) == f"{path}:3: {message}: not a dataset row"
+
+
+def test_a_runs_own_json_beyond_the_bounds_is_refused_naming_it(tmp_path):
+    from nli_jax import workdir as workdir_lib
+    from nli_jax.errors import RunError
+    (tmp_path / "config.json").write_text('{"a": ' + _deep(100_000) + '}')
+    with pytest.raises(RunError, match=rf"{tmp_path}/config.json is unreadable \(JSONLimitError: nested deeper"):
+        workdir_lib.read_config(str(tmp_path))
+
+
+def test_a_json_array_file_is_read_in_linear_time_with_progress(tmp_path, monkeypatch, caplog):
+    """40k records of a JSON-array file took 66 s (every record's line counted from the file's
+    start); the same rows as JSON lines took a second. A long read logs its progress."""
+    import logging
+    import time
+
+    from nli_jax.data import readers
+    rows = [json.dumps({"pair_id": i, "premise": "kata " * 10, "hypothesis": "x", "label": "e"}) for i in range(40_000)]
+    path = tmp_path / "big.jsonl"
+    path.write_text("[\n" + ",\n".join(rows) + "\n]\n")
+    monkeypatch.setattr(readers._Progress, "PROGRESS_S", 0.0)
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="nli_jax"):
+        examples = readers.read_validated(str(path), readers.read_json_records, lambda p, n, row: dict(row))
+    seconds = time.monotonic() - start
+    assert len(examples) == 40_000 and seconds < 10, seconds
+    assert f"{path}: 40000 rows read (line 40001) ..." in caplog.text
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("model.vocab_multiple=1000000000", "model.vocab_multiple must be <= 4096"),  # aborted in XLA (rc 134)
+    ("data.max_seq_length=1000000", "data.max_seq_length must be <= 65536"),
+    ("data.buckets=(64, 10000000)", "data.buckets"),
+    ("train.batch_size=10000000", "train.batch_size must be <= 100000"),
+    ("train.keep_checkpoints=100000", "train.keep_checkpoints must be <= 1000"),
+    ("data.workers=100000", "data.workers must be <= 256"),
+])
+def test_config_fields_that_size_an_allocation_have_a_range(assignment, message):
+    from nli_jax.errors import ConfigValueError
+    from nli_jax.train.planner import build_plan
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
+        build_plan(config_for("indonli_large:cpu_test", assignment))
+
+
+def test_the_benchmark_refuses_unknown_tasks_and_models_in_one_line(tmp_path):
+    """--tasks=smsa,../../x or --model=nosuch: a 29-line traceback."""
+    procs = commands(tmp_path, ("finetune.indonlu_benchmark", "--workdir=b", "--tasks=smsa,../../x", "--model=nosuch"),
+                     ("finetune.indonlu_benchmark", "--workdir=b", "--seeds=1,x"))
+    one_line_error(procs[0], "--model=nosuch: unknown model", "--tasks=smsa,../../x: unknown task(s) ['../../x']")
+    one_line_error(procs[1], "--seeds=1,x: seeds are integers")
+    assert tree(tmp_path) == []
