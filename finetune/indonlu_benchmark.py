@@ -122,10 +122,25 @@ def built_model(model: str, configs: dict) -> str:
     return f"`{model}`" + ("" if built == [indonlu_config.MODELS[model][0]] else f" (run: {'; '.join(built)})")
 
 
+def check_names(model: str, tasks) -> None:
+    """--model and --tasks name known ones (a task name becomes a directory of the workdir): one
+    line, before anything is read or written."""
+    problems = []
+    if model not in indonlu_config.MODELS:
+        problems.append(f"--model={model}: unknown model (models: {', '.join(sorted(indonlu_config.MODELS))})")
+    unknown = [t for t in tasks if t not in indonlu_config.TASKS]
+    if unknown or not tasks:
+        problems.append(f"--tasks={','.join(tasks)}: unknown task(s) {unknown} (tasks: "
+                        f"{', '.join(indonlu_config.TASKS)})")
+    if problems:
+        raise cli.CommandLineError("; ".join(problems))
+
+
 def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cpu_test: bool = False,
                   seeds=()) -> tuple[str, list[str]]:
     """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
     from nli_jax.workdir import check_tool_output
+    check_names(model, tasks)
     check_tool_output(workdir, "--workdir")  # its task runs are its own; the benchmark is inside no other run
     configs = task_configs(model, source, tasks, overrides, cpu_test)
     label = built_model(model, configs)
@@ -160,7 +175,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
-    seeds = [int(s) for s in FLAGS.seeds]
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        raise cli.CommandLineError(f"--seeds={','.join(FLAGS.seeds)}: seeds are integers, e.g. 1,2,3") from None
     text, failures = run_benchmark(FLAGS.model, FLAGS.workdir, FLAGS.source, FLAGS.tasks, FLAGS.override,
                                    FLAGS.cpu_test, seeds)
     print(text)

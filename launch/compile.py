@@ -41,6 +41,9 @@ def main(argv) -> None:
     from nli_jax.train import aot
     absl_logging.set_verbosity(absl_logging.WARNING)
     aot.topology(FLAGS.topology)  # an unknown name is one line before anything is built
+    if FLAGS.output:  # never over a run's files: before minutes of compiling
+        from nli_jax.workdir import check_tool_output
+        check_tool_output(FLAGS.output, "--output")
     report = aot.compile_run(FLAGS.config, FLAGS.topology, eval_step=FLAGS.eval_step)
     report["command"] = " ".join(sys.argv)
     print("\n".join(aot.report_lines(report)), flush=True)

@@ -76,6 +76,7 @@ from nli_jax.data import indonlu as indonlu_data
 from nli_jax.tasks.ocnli import OCNLI
 from nli_jax import storage
 from nli_jax.data.readers import DataError, read_jsonl
+from nli_jax.train.command_help import empty_path_problem
 
 
 class SubmissionError(DataError):
@@ -489,6 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--expected_rows", default="", help="task=rows,... (default: the published test sizes "
                         "unless --source gives the test files)")
     args = parser.parse_args(argv)
+    problem = empty_path_problem({name: value for name, value in vars(args).items() if value is not None})
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     try:
         expected = {} if args.source else {t: n for t, n in PUBLISHED_TEST_ROWS.items()}
         for item in filter(None, args.expected_rows.split(",")):

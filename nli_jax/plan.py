@@ -33,6 +33,12 @@ from nli_jax.options import Check, Options, check_of, flag, option  # noqa: F401
 _int, _float, _choice, _bool, _str = options._int, options._float, options._choice, options._bool, options._str
 _field = options._field
 
+# Upper bounds of the fields that size an allocation (a length, a batch, a vocabulary multiple, a
+# process count): far beyond any recipe, below what aborts in XLA or the allocator.
+MAX_LENGTH = 65536
+MAX_BATCH = 100_000  # (LAMB's largest BERT batch: 65,536)
+MAX_WORKERS = 256
+
 # --- values of older configs ----------------------------------------------------------------
 
 # model.remat: what each transformer layer keeps for its backward pass, the rest recomputed
@@ -90,8 +96,8 @@ class DataPlan:
     """`config.data`: where the data is, how examples are encoded and batched."""
     source: str = _str()  # local directory or gs:// with the official files; empty = download them
     tfds_dir: str = _str("~/tensorflow_datasets/nli_jax")  # where the array_record copies are written (~ expanded)
-    max_seq_length: int = _int(128, 1)
-    buckets: tuple = _field("ints", 1, default=(32, 64, 128, 256, 512))  # pad each batch to the smallest that fits
+    max_seq_length: int = _int(128, 1, MAX_LENGTH)
+    buckets: tuple = _field("ints", 1, MAX_LENGTH, default=(32, 64, 128, 256, 512))  # pad each batch to the smallest that fits
     pad_to_max_length: bool = _bool(False)  # True on TPU: one compiled shape
     # Training batches of sequence-level tasks put several examples in one row, each attending
     # to itself only (no padding computed): same loss, a third fewer tokens on IndoNLI at 128.
@@ -109,7 +115,7 @@ class DataPlan:
     # grain worker processes reading and batching training data (fine-tuning and pretraining); each
     # holds the tokenizer, the data source's readers and its prefetched batches: about 0.3 GiB on
     # the cpu_test config (measured peak RSS 0.29 GiB per worker, 0.77 GiB the main process).
-    workers: int = _int(0, 0)
+    workers: int = _int(0, 0, MAX_WORKERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +137,7 @@ class ModelPlan:
     attention: str = _choice("auto", "auto", "plain", "splash")
     # A from-scratch model's vocabulary rounded up to a multiple of this (128: the TPU's lane width,
     # so the embedding and decoder matmuls tile exactly); the tokenizer's ids are unchanged.
-    vocab_multiple: int = _int(1, 1)
+    vocab_multiple: int = _int(1, 1, 4096)
     # The dtype of the parameters' copy the train step computes with (gradients included): bfloat16
     # halves the gradients' memory and their collectives; the optimizer keeps float32 master weights.
     step_param_dtype: str = _choice("float32", "float32", "bfloat16")
@@ -185,15 +191,15 @@ class OptimizerPlan:
 class TrainPlan:
     """`config.train`: the run's length, batch, seed and intervals as configured."""
     seed: int = _int(42, 0, 2**32 - 1)  # an input of the compiled train step (uint32)
-    batch_size: int = _int(16, 1)
-    eval_batch_size: int = _int(64, 1)  # global, like batch_size: each process evaluates its share
-    accumulation_steps: int = _int(1, 1)
+    batch_size: int = _int(16, 1, MAX_BATCH)
+    eval_batch_size: int = _int(64, 1, MAX_BATCH)  # global, like batch_size: each process evaluates its share
+    accumulation_steps: int = _int(1, 1, MAX_BATCH)
     num_epochs: int = _int(10, 1)
     max_steps: int = _int(0, 0)  # > 0 caps the run
     log_every_steps: int = _int(50, 1)
     eval_every_steps: int = _int(0, 0)  # 0 = once per epoch
     checkpoint_every_steps: int = _int(0, 0)  # 0 = at every evaluation
-    keep_checkpoints: int = _int(2, 1)
+    keep_checkpoints: int = _int(2, 1, 1000)
     async_checkpointing: bool = _bool(True)
     early_stopping_patience: int = _int(3, 0)  # evaluations without improvement; 0 = off
     # A wall-clock budget (Cramming's): > 0 fixes the run's steps from the time a step takes, measured
@@ -228,10 +234,10 @@ class PretrainPlan:
     examples_dir: str = _str()  # or prebuilt examples (pretrain.create_examples)
     sentence_task: str = _choice("nsp", "nsp", "sop", "none")  # how the pairs' second segment is chosen
     short_seq_prob: float = _float(0.1, 0.0, 1.0)
-    dupe_factor: int = _int(1, 1)
+    dupe_factor: int = _int(1, 1, 100)
     data_seed: int = _int(12345, 0)
-    workers: int = _int(2, 1)
-    heldout_examples: int = _int(2000, 1)
+    workers: int = _int(2, 1, MAX_WORKERS)
+    heldout_examples: int = _int(2000, 1, 10**7)
     heldout_permille: int = _int(10, 1, 999)  # documents held out for evaluation (by hash), per thousand
     continued: bool = _bool(False)  # model.init is required: continued pretraining of a checkpoint
 

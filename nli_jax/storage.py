@@ -179,14 +179,67 @@ def read_text(p) -> str:
     return path(readable_file(p)).read_text(encoding="utf-8")
 
 
+# --- JSON within bounds: what a file holds cannot crash the parser ----------------------------
+# Python's json recurses once per nesting level (a RecursionError deep inside it, naming no file)
+# and converts integers of any length (a ValueError past 4,300 digits, quadratic time before it).
+# Nothing nli-jax reads nests deeper than a few levels or holds integers of more than a few digits.
+MAX_JSON_DEPTH = 64
+MAX_JSON_DIGITS = 100
+
+
+class JSONLimitError(ValueError):
+    """JSON nested deeper than MAX_JSON_DEPTH or with an integer longer than MAX_JSON_DIGITS."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_JSON_DIGITS:
+        raise JSONLimitError(f"an integer of {digits} digits (at most {MAX_JSON_DIGITS} are read)")
+    return int(text)
+
+
+def json_decoder(object_pairs_hook=None):
+    """A json.JSONDecoder whose integers are bounded (decode with `decode_json`)."""
+    import json
+    return json.JSONDecoder(object_pairs_hook=object_pairs_hook, parse_int=_bounded_int)
+
+
+def decode_json(decoder, text: str, position: int = 0):
+    """(value, end) of the JSON value at `position` of `text`, its nesting depth and integers
+    bounded: JSONLimitError (no position: the caller names the file and line) when either is
+    exceeded, json.JSONDecodeError for malformed JSON."""
+    try:
+        value, end = decoder.raw_decode(text, position)
+    except RecursionError:
+        raise JSONLimitError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    pending = [(value, 1)]
+    while pending:  # iteratively: flat rows cost a few steps
+        node, depth = pending.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise JSONLimitError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            pending.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return value, end
+
+
+def loads_json(text: str, object_pairs_hook=None):
+    """json.loads within bounds (see decode_json): the whole text is one value."""
+    import json
+    decoder = json_decoder(object_pairs_hook)
+    start = len(text) - len(text.lstrip())
+    value, end = decode_json(decoder, text, start)
+    if text[end:].strip():
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
+
+
 def read_json_object(p) -> dict | None:
     """The JSON object in file `p`, or None when there is no such file. ValueError (a message
     without the path: callers say what the file is for) when it is not a JSON object, including
-    bytes that are not UTF-8."""
+    bytes that are not UTF-8, and JSON beyond the bounds of `decode_json`."""
     if not isfile(p):
         return None
-    import json
-    value = json.loads(read_text(p))
+    value = loads_json(read_text(p))
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value

@@ -118,6 +118,21 @@ def check_config(workdir: str, config_json: dict, options=None) -> None:
                                  "Use a new --workdir, or delete the old one to start over.")
 
 
+def check_seeds_of_older_run(workdir: str, seeds) -> None:
+    """A seeds run written before W's own config.json existed: its results.json names its seeds
+    (a different list would replace the aggregate of those runs with another's)."""
+    if read_config(workdir) is not None:
+        return
+    try:
+        results = storage.read_json_object(os.path.join(workdir, "results.json"))
+    except ValueError:
+        results = None
+    before = (results or {}).get("seeds")
+    if before is not None and sorted(before) != sorted(int(s) for s in seeds):
+        raise WorkdirConfigError(f"workdir {workdir} holds a run with a different config (seeds: {before!r} -> "
+                                 f"{list(seeds)!r}). Use a new --workdir, or delete the old one to start over.")
+
+
 def write_config(workdir: str, config_json: dict) -> None:
     """config.json, written atomically by process 0 (kept when present: resumable keys may differ)."""
     import jax

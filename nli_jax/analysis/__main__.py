@@ -9,6 +9,7 @@ import sys
 from absl import app
 
 import nli_jax.analysis
+from nli_jax.train.command_help import empty_path_problem, given_flags, list_command_flags
 
 DEFAULT = "artifacts"
 
@@ -24,11 +25,20 @@ def main() -> None:
         sys.exit(f"nli_jax.analysis: error: unknown analysis {name!r}; analyses: {', '.join(analyses())}")
     module = importlib.import_module(f"nli_jax.analysis.{name}")
     module.define_flags()
-    from nli_jax.train.command_help import list_command_flags
     list_command_flags()  # --help lists the analysis' own flags
     sys.modules["__main__"].__doc__ = module.__doc__  # and --help describes the analysis, not this dispatcher
     rest = argv[2:] if len(argv) > 1 and argv[1] == name else argv[1:]
-    app.run(module.main, argv=[f"{argv[0]} {name}", *rest])
+    app.run(_paths_given(module.main), argv=[f"{argv[0]} {name}", *rest])
+
+
+def _paths_given(main):
+    """`main`, after a path flag given empty is refused in one line (nli_jax.train.command_help)."""
+    def checked(argv):
+        problem = empty_path_problem(given_flags())
+        if problem is not None:
+            sys.exit(f"error: {problem}")
+        return main(argv)
+    return checked
 
 
 if __name__ == "__main__":

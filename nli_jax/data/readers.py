@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import logging
+import time
 import unicodedata
 from typing import Any, Callable, Iterator
 
@@ -132,14 +133,22 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _json_limit(path: str, number: int, error: storage.JSONLimitError) -> DataError:
+    return DataError(f"{path}:{number}: {error}: not a dataset row")
+
+
 def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line."""
+    """(line number, object) for every non-blank line (nesting and integers bounded:
+    storage.decode_json)."""
     repeated = _RepeatedKeys(path)
+    decoder = storage.json_decoder(repeated)
     for number, line in enumerate(text_lines(_open_text(path)), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line, object_pairs_hook=repeated)
+            row = _decode_line(decoder, line)
+        except storage.JSONLimitError as e:
+            raise _json_limit(path, number, e) from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{number}: malformed JSON ({e.msg} at column {e.colno})") from None
         repeated.check(number)
@@ -147,6 +156,14 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict]]:
             raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         yield number, row
     repeated.log()
+
+
+def _decode_line(decoder, line: str):
+    start = len(line) - len(line.lstrip())
+    value, end = storage.decode_json(decoder, line, start)
+    if line[end:].strip():
+        raise json.JSONDecodeError("Extra data", line, end)
+    return value
 
 
 def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
@@ -158,8 +175,13 @@ def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
         yield from read_jsonl(path)
         return
     repeated = _RepeatedKeys(path)
-    decoder = json.JSONDecoder(object_pairs_hook=repeated)
-    line_of = lambda offset: text.count("\n", 0, offset) + 1
+    decoder = storage.json_decoder(repeated)
+    counted = [0, 1]  # (offset, its line): lines counted once, front to back (linear in the file)
+
+    def line_of(offset):
+        counted[1] += text.count("\n", counted[0], offset)
+        counted[0] = offset
+        return counted[1]
 
     def skip(i):
         while i < len(text) and text[i] in " \t\r\n":
@@ -172,8 +194,12 @@ def read_json_records(path: str) -> Iterator[tuple[int, dict]]:
             position += 1
         else:
             while True:
-                value, end = decoder.raw_decode(text, position)
-                records.append((line_of(position), value))
+                number = line_of(position)
+                try:
+                    value, end = storage.decode_json(decoder, text, position)
+                except storage.JSONLimitError as e:
+                    raise _json_limit(path, number, e) from None
+                records.append((number, value))
                 repeated.check(records[-1][0])
                 position = skip(end)
                 if position < len(text) and text[position] == ",":
@@ -272,6 +298,21 @@ def map_label(path: str, number: int, value: Any, mapping: dict[str, int], field
     return mapping[key]
 
 
+class _Progress:
+    """A log line every PROGRESS_S seconds while a long file is read (200k rows took 50 s
+    without a word)."""
+    PROGRESS_S = 10.0
+
+    def __init__(self, path: str):
+        self.path, self.rows, self.next = path, 0, time.monotonic() + self.PROGRESS_S
+
+    def row(self, number: int) -> None:
+        self.rows += 1
+        if self.rows % 1000 == 0 and time.monotonic() > self.next:
+            self.next = time.monotonic() + self.PROGRESS_S
+            log.info("%s: %d rows read (line %d) ...", self.path, self.rows, number)
+
+
 def read_validated(path: str, records: Callable[[str], Iterator[tuple[int, Any]]],
                    parse: Callable[[str, int, Any], dict | None], *, dropped: str = "",
                    id_field: str = "") -> list[dict]:
@@ -280,7 +321,9 @@ def read_validated(path: str, records: Callable[[str], Iterator[tuple[int, Any]]
     "id" is None (no `id_field`, or null: identified by their line number, never "None") and ids
     that occur more than once (told apart by position; a data.train_subset by id refuses them)."""
     out, dropped_rows, without_id = [], 0, []
+    progress = _Progress(path)
     for number, row in records(path):
+        progress.row(number)
         example = parse(path, number, row)
         if example is None:
             dropped_rows += 1

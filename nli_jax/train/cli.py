@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from nli_jax.errors import RunError
 from nli_jax.train import compilation
-from nli_jax.train.command_help import list_command_flags
+from nli_jax.train.command_help import empty_path_problem, given_flags, list_command_flags
 
 FLAGS = flags.FLAGS
 
@@ -75,6 +75,9 @@ def _reporting_input_errors(main):
             handler.addFilter(EnvironmentLogFilter())
         sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
         try:
+            problem = empty_path_problem(given_flags())  # before anything is read or written
+            if problem is not None:
+                raise CommandLineError(problem)
             return main(argv)
         except user_errors() as e:
             report_error(e)

@@ -15,6 +15,7 @@ predictions.jsonl. What a run does besides (training dynamics, calibration) are 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 
@@ -28,7 +29,7 @@ from nli_jax import workdir as workdir_lib
 from nli_jax.data import pipeline
 from nli_jax.data.readers import recording_reads
 from nli_jax.errors import RunError
-from nli_jax.plan import RunPlan, StepPlan
+from nli_jax.plan import RunPlan, StepPlan, TrainPlan
 from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import budget
 from nli_jax.train import compilation
@@ -54,12 +55,25 @@ def train_and_evaluate(config, workdir: str) -> dict:
     with workdir_lib.lock(workdir, "training"):  # one command at a time in a workdir
         if not plan.seeds:
             return run_one(plan, workdir)
-        # Each seed's run in W/seed_<s>, a directory of W (not a link out of it).
-        per_seed = {seed: run_one(seed_plan, storage.makedirs(storage.under(workdir, f"seed_{seed}")))
-                    for seed, seed_plan in seed_plans.items()}
+        # The seed list is part of the run: W's config.json (with its seeds) is checked like any
+        # other key, so a finished run's results are never replaced by another seed list's.
+        workdir_lib.check_config(workdir, plan.config_json, type(plan.task_options))
+        workdir_lib.check_seeds_of_older_run(workdir, plan.seeds)
+        if plan.train.seed != _DEFAULT_SEED:
+            log.warning("train.seed=%d is not used: config.seeds=%s gives each run its seed", plan.train.seed,
+                        tuple(plan.seeds))
+        # Each seed's run in W/seed_<s>, a directory of W (not a link out of it); W's config.json
+        # is written with the first seed's, once every check of that run has passed.
+        per_seed = {}
+        for seed, seed_plan in seed_plans.items():
+            per_seed[seed] = run_one(seed_plan, storage.makedirs(storage.under(workdir, f"seed_{seed}")),
+                                     parent=(workdir, plan.config_json))
         summary = aggregate_seeds(per_seed)
         write_json(storage.under(workdir, "results.json"), summary)
         return summary
+
+
+_DEFAULT_SEED = next(f.default for f in dataclasses.fields(TrainPlan) if f.name == "seed")
 
 
 def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
@@ -78,13 +92,16 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     return out
 
 
-def run_one(plan: RunPlan, workdir: str) -> dict:
+def run_one(plan: RunPlan, workdir: str, parent: tuple[str, dict] | None = None) -> dict:
     """One run: set up and checked before anything is written, trained (or resumed), its best
-    parameters evaluated on every split; returns (and writes) results.json."""
+    parameters evaluated on every split; returns (and writes) results.json. `parent`: (W, its
+    config) of a seeds run whose seed this is, W's config.json written with the seed's."""
     setup_logging(workdir)
     workdir_lib.check_no_links(workdir)  # (a seed's run: W/seed_<s>) nothing it writes goes through a link
     compiled_before = compilation.totals()
     run, hooks, steps, train_source, inputs = checked_setup(plan, workdir)
+    if parent is not None:
+        workdir_lib.write_config(*parent)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
     state, record, reused = train(run, hooks, steps, train_source)

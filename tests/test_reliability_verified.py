@@ -1,0 +1,205 @@
+"""Reliability, fourth round (issue 53; docs/errors.md §18-§20): no rerun or tool destroys a
+result (the seed list is part of a run; an empty path is refused by every command; one output
+check for every tool that writes), parsing that cannot crash (nesting depth and number size
+bounded, JSON arrays read in linear time, ranges on what sizes an allocation) and verified reads
+(a checkpoint carries its run's identity and a digest of its contents). Each case runs the real
+command or the real function."""
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import REPO, config_for
+from test_reliability_io import CPU_TEST, VAL, fake_run, one_line_error, tree
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def env_cpu():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def commands(cwd, *argvs, timeout=180):
+    """Runs each `python -m ...` argv in `cwd` (two at a time); returns their CompletedProcesses."""
+    def one(argv):
+        return subprocess.run([sys.executable, "-m", *map(str, argv)], cwd=cwd, env=env_cpu(), capture_output=True,
+                              text=True, timeout=timeout)
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, argvs))
+
+
+# --- 18. no rerun or tool destroys a result ----------------------------------------------------
+
+def _no_training(monkeypatch):
+    from nli_jax.train import loop
+
+    def trained(*args, **kwargs):
+        raise AssertionError("a run started: the changed seed list was not refused")
+    monkeypatch.setattr(loop, "run_one", trained)
+
+
+def test_a_changed_seed_list_on_a_finished_run_is_refused_naming_seeds(tmp_path, monkeypatch):
+    """A finished single-seed run rerun with --config.seeds="(0,1)" trained the seeds and replaced
+    its results.json by their aggregate (config.json and predictions.jsonl of the old run)."""
+    from nli_jax.errors import RunError
+    from nli_jax.train.loop import train_and_evaluate
+    run = fake_run(tmp_path / "run")
+    results = (run / "results.json").read_bytes()
+    _no_training(monkeypatch)
+    config = config_for("indonli_large:cpu_test")
+    with config.unlocked():
+        config.seeds = (0, 1)
+    with pytest.raises(RunError, match=r"holds a run with a different config \(seeds: \[\] -> \[0, 1\]\)"):
+        train_and_evaluate(config, str(run))
+    assert (run / "results.json").read_bytes() == results
+    assert not any(p.name.startswith("seed_") for p in run.iterdir())
+
+
+def test_a_seeds_run_records_its_seeds_and_a_rerun_with_others_is_refused(tmp_path, monkeypatch):
+    """A seeds run's own config.json (W/config.json, written with the first seed's) names its seeds;
+    a seeds run of an older nli-jax (no W/config.json) is known by its results.json."""
+    from nli_jax import workdir as workdir_lib
+    from nli_jax.errors import RunError
+    from nli_jax.train.loop import train_and_evaluate
+    from nli_jax.train.planner import build_plan
+    config = config_for("indonli_large:cpu_test")
+    with config.unlocked():
+        config.seeds = (1, 2)
+    workdir = tmp_path / "seeds"
+    workdir.mkdir()
+    workdir_lib.write_config(str(workdir), build_plan(config, training=False).config_json)
+    (workdir / "results.json").write_text(json.dumps({"seeds": [1, 2], "splits": {}}))
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "results.json").write_text(json.dumps({"seeds": [1, 2], "splits": {}}))
+    _no_training(monkeypatch)
+    with config.unlocked():
+        config.seeds = (1, 3)
+    for directory in (workdir, older):
+        with pytest.raises(RunError, match=r"\(seeds: \[1, 2\] -> \[1, 3\]\)"):
+            train_and_evaluate(config, str(directory))
+
+
+def test_an_empty_path_is_refused_by_every_command(tmp_path):
+    """--workdir= trained a whole run into the current directory (exit 0); predict --output=,
+    evaluate --workdir=, export --output= and build_vocab --output_dir= wrote there too. Every
+    launcher: cli.run, run_tool, run_offline, python -m nli_jax.analysis, the leaderboard."""
+    run = fake_run(tmp_path / "run")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    config = f"--config={REPO / 'configs/indonli_large.py'}:cpu_test"
+    cases = [
+        (("finetune.main", config, "--workdir="), "--workdir=''"),
+        (("finetune.predict", f"--checkpoint={run}", "--output=", f"--input=x={VAL}"), "--output=''"),
+        (("finetune.evaluate", f"--checkpoint={run}", "--workdir="), "--workdir=''"),
+        (("finetune.export", f"--checkpoint={run}", "--output="), "--output=''"),
+        (("pretrain.build_vocab", f"--corpus={VAL}", "--output_dir="), "--output_dir=''"),
+        (("pretrain.create_examples", "--corpus=", f"--vocab_dir={run}", f"--output_dir={tmp_path}/e"), "--corpus=''"),
+        (("launch.compile", config, "--output="), "--output=''"),
+        (("nli_jax.analysis", "cartography", "--workdir="), "--workdir=''"),
+        (("nli_jax.leaderboard", "--format=clue_ocnli", f"--run={run}", "--output="), "--output=''"),
+    ]
+    for proc, (argv, flag) in zip(commands(cwd, *(argv for argv, _ in cases)), cases):
+        one_line_error(proc, flag, "an empty path names the current directory")
+    assert tree(cwd) == []
+
+
+def test_every_tool_that_writes_refuses_a_finished_runs_files(tmp_path):
+    """launch.compile --output=<run>/results.json overwrote a finished run's results;
+    build_vocab and create_examples wrote into a finished run's directory."""
+    run = fake_run(tmp_path / "run")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("satu dua tiga.\nempat lima.\n\nenam tujuh.\n")
+    snapshot = {p: (run / p).read_bytes() if (run / p).is_file() else None for p in tree(run)}
+    config = f"--config={REPO / 'configs/indonli_large.py'}:cpu_test"
+    cases = [
+        (("launch.compile", config, f"--output={run}/results.json"), f"--output={run}/results.json is inside"),
+        (("pretrain.build_vocab", f"--corpus={corpus}", f"--output_dir={run}"), f"--output_dir={run} holds a training run"),
+        (("pretrain.create_examples", f"--corpus={corpus}", f"--vocab_dir={tmp_path}", f"--output_dir={run}/examples"),
+         f"--output_dir={run}/examples is inside the training run {run}"),
+        (("pretrain.prepare_corpus", f"--inputs={corpus}", f"--output_dir={run}/corpus"),
+         f"--output_dir={run}/corpus is inside the training run {run}"),
+    ]
+    for proc, (argv, message) in zip(commands(tmp_path, *(argv for argv, _ in cases)), cases):
+        one_line_error(proc, message)
+    assert {p: (run / p).read_bytes() if (run / p).is_file() else None for p in tree(run)} == snapshot
+
+
+# --- 19. parsing that cannot crash ---------------------------------------------------------------
+
+def _deep(levels):
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "array"])
+@pytest.mark.parametrize("row,message", [
+    ('{"pair_id": 1, "x": ' + _deep(100_000) + '}', "nested deeper than 64 levels"),  # RecursionError before
+    ('{"pair_id": 1, "x": ' + _deep(70) + '}', "nested deeper than 64 levels"),
+    ('{"pair_id": ' + "7" * 5000 + '}', "an integer of 5000 digits (at most 100 are read)"),  # ValueError: 4300 digits
+    ('{"label": -' + "7" * 5000 + '}', "an integer of 5000 digits (at most 100 are read)"),
+], ids=["100000-deep", "70-deep", "5000-digit-id", "5000-digit-negative-label"])
+def test_a_row_beyond_the_parsers_bounds_is_one_line_naming_file_and_line(tmp_path, layout, row, message):
+    from nli_jax.data.readers import DataError, read_json_records
+    path = tmp_path / "train.jsonl"
+    good = '{"pair_id": 0, "premise": "a", "hypothesis": "b", "label": "e"}'
+    path.write_text(f"{good}\n\n{row}\n" if layout == "jsonl" else f"[{good},\n\n {row}]\n")
+    with pytest.raises(DataError) as info:
+        list(read_json_records(str(path)))
+    assert str(info.value) == f"{path}:3: {message}: not a dataset row"
+
+
+def test_a_runs_own_json_beyond_the_bounds_is_refused_naming_it(tmp_path):
+    from nli_jax import workdir as workdir_lib
+    from nli_jax.errors import RunError
+    (tmp_path / "config.json").write_text('{"a": ' + _deep(100_000) + '}')
+    with pytest.raises(RunError, match=rf"{tmp_path}/config.json is unreadable \(JSONLimitError: nested deeper"):
+        workdir_lib.read_config(str(tmp_path))
+
+
+def test_a_json_array_file_is_read_in_linear_time_with_progress(tmp_path, monkeypatch, caplog):
+    """40k records of a JSON-array file took 66 s (every record's line counted from the file's
+    start); the same rows as JSON lines took a second. A long read logs its progress."""
+    import logging
+    import time
+
+    from nli_jax.data import readers
+    rows = [json.dumps({"pair_id": i, "premise": "kata " * 10, "hypothesis": "x", "label": "e"}) for i in range(40_000)]
+    path = tmp_path / "big.jsonl"
+    path.write_text("[\n" + ",\n".join(rows) + "\n]\n")
+    monkeypatch.setattr(readers._Progress, "PROGRESS_S", 0.0)
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="nli_jax"):
+        examples = readers.read_validated(str(path), readers.read_json_records, lambda p, n, row: dict(row))
+    seconds = time.monotonic() - start
+    assert len(examples) == 40_000 and seconds < 10, seconds
+    assert f"{path}: 40000 rows read (line 40001) ..." in caplog.text
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("model.vocab_multiple=1000000000", "model.vocab_multiple must be <= 4096"),  # aborted in XLA (rc 134)
+    ("data.max_seq_length=1000000", "data.max_seq_length must be <= 65536"),
+    ("data.buckets=(64, 10000000)", "data.buckets"),
+    ("train.batch_size=10000000", "train.batch_size must be <= 100000"),
+    ("train.keep_checkpoints=100000", "train.keep_checkpoints must be <= 1000"),
+    ("data.workers=100000", "data.workers must be <= 256"),
+])
+def test_config_fields_that_size_an_allocation_have_a_range(assignment, message):
+    from nli_jax.errors import ConfigValueError
+    from nli_jax.train.planner import build_plan
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
+        build_plan(config_for("indonli_large:cpu_test", assignment))
+
+
+def test_the_benchmark_refuses_unknown_tasks_and_models_in_one_line(tmp_path):
+    """--tasks=smsa,../../x or --model=nosuch: a 29-line traceback."""
+    procs = commands(tmp_path, ("finetune.indonlu_benchmark", "--workdir=b", "--tasks=smsa,../../x", "--model=nosuch"),
+                     ("finetune.indonlu_benchmark", "--workdir=b", "--seeds=1,x"))
+    one_line_error(procs[0], "--model=nosuch: unknown model", "--tasks=smsa,../../x: unknown task(s) ['../../x']")
+    one_line_error(procs[1], "--seeds=1,x: seeds are integers")
+    assert tree(tmp_path) == []
