@@ -42,15 +42,21 @@ def precision_recall_f1(gold: Sequence, predicted: Sequence, average: str = "mac
     if len(gold) != len(predicted) or not gold:
         raise ValueError(f"{len(gold)} gold vs {len(predicted)} predicted labels")
     labels = sorted(set(gold) | set(predicted), key=str)
-    precisions, recalls, f1s = [], [], []
+    scores = list(precision_recall_f1_by_label(gold, predicted, labels).values())
+    return {"accuracy": float(np.mean([g == p for g, p in zip(gold, predicted)])),
+            "precision": float(np.mean([s["precision"] for s in scores])),
+            "recall": float(np.mean([s["recall"] for s in scores])), "f1": float(np.mean([s["f1"] for s in scores]))}
+
+
+def precision_recall_f1_by_label(gold: Sequence, predicted: Sequence, labels: Sequence) -> dict:
+    """{label: precision, recall, F1 (that label against the rest; 0 for undefined ratios, as
+    sklearn's average=None, zero_division=0) and its gold count} for each of `labels`."""
+    out = {}
     for label in labels:
         tp = sum(1 for g, p in zip(gold, predicted) if g == label and p == label)
         n_pred = sum(1 for p in predicted if p == label)
         n_gold = sum(1 for g in gold if g == label)
         p = tp / n_pred if n_pred else 0.0
         r = tp / n_gold if n_gold else 0.0
-        precisions.append(p)
-        recalls.append(r)
-        f1s.append(2 * p * r / (p + r) if p + r else 0.0)
-    return {"accuracy": float(np.mean([g == p for g, p in zip(gold, predicted)])),
-            "precision": float(np.mean(precisions)), "recall": float(np.mean(recalls)), "f1": float(np.mean(f1s))}
+        out[label] = {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "count": n_gold}
+    return out
