@@ -126,6 +126,12 @@ class Task(abc.ABC):
         own refusals), e.g. a preset of another model family; [] by default."""
         return []
 
+    def new_token_init(self) -> str | None:
+        """How a run of this task initialises the rows of tokens a tokenizer adds to model.init's
+        vocabulary ("mean" / "random", nli_jax.pretraining.vocab_extension); None: it does not grow
+        vocabularies (a tokenizer other than the checkpoint's is refused)."""
+        return None
+
     def min_seq_length(self, tokenizer) -> tuple[int, str]:
         """(tokens one example needs at the least, what they are): the special tokens of a
         pair plus one token of each text, unless the task says otherwise."""
