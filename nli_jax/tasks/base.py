@@ -80,7 +80,7 @@ class Task(abc.ABC):
         """A copy of this task with what set-up fixes, frozen from then on: its label names (a
         checkpoint's `labels`, else those its data gives, `labels_from`) and what it takes from the
         tokenizer (`tokenizer_values`). Training, evaluation and the tools use bound tasks only."""
-        fixed = tuple(getattr(type(self), "labels", ()) or ())  # a task class's own label set (NLI's)
+        fixed = tuple(getattr(self, "labels", ()) or ())  # the task's own label set (NLI's: its corpus's)
         if labels is not None and fixed and fixed != tuple(labels):
             from nli_jax.errors import RunError
             raise RunError(f"the checkpoint's labels {list(labels)} are not task {self.name!r}'s {list(fixed)}")
@@ -125,6 +125,12 @@ class Task(abc.ABC):
         """What the task itself cannot run with in a checked plan (the planner adds them to its
         own refusals), e.g. a preset of another model family; [] by default."""
         return []
+
+    def new_token_init(self) -> str | None:
+        """How a run of this task initialises the rows of tokens a tokenizer adds to model.init's
+        vocabulary ("mean" / "random", nli_jax.pretraining.vocab_extension); None: it does not grow
+        vocabularies (a tokenizer other than the checkpoint's is refused)."""
+        return None
 
     def min_seq_length(self, tokenizer) -> tuple[int, str]:
         """(tokens one example needs at the least, what they are): the special tokens of a

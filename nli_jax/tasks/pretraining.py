@@ -26,6 +26,7 @@ from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptio
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, check_vocabulary, create_examples, vocabulary_fingerprint
 from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, MaskingRule, continuation_table, ngram_span_lengths
+from nli_jax.pretraining.vocab_extension import NEW_TOKEN_INITS
 from nli_jax.tasks.base import Task, register
 from nli_jax.workdir import has_trained_state
 
@@ -51,6 +52,10 @@ class MaskingOptions(TaskOptions):
     # The held-out split's masking rate (0: the training rate and cap). Runs trained at different
     # rates (BERT's 15%, MosaicBERT's 30%) are scored on the same held-out masks when they give the same one.
     heldout_mask_prob: float = option(0.0, low=0.0, high=1.0, high_open=True)
+    # Continued from model.init with a tokenizer that extends its vocabulary (pretrain.extend_vocab):
+    # each new token's embedding, decoder row and bias the mean of those of the old tokenizer's
+    # pieces for its string (IndoBERTweet), or "random" (BERT's initialisation), for comparison.
+    new_token_init: str = option("mean", choices=NEW_TOKEN_INITS)
 
     def masking_rule(self) -> MaskingRule:
         raise NotImplementedError(f"{type(self).__name__} names no masking rule")
@@ -106,6 +111,9 @@ class Pretraining(Task):
         own = () if self.pretrain.sentence_task != "none" else tuple(
             t for t in families.model_types() if "masked_lm" in families.get(t).heads)
         return tuple(dict.fromkeys(("bert", "albert") + own))
+
+    def new_token_init(self) -> str:
+        return self.options.new_token_init
 
     def plan_problems(self, plan):
         if self.masking.max_predictions > plan.data.max_seq_length:

@@ -30,7 +30,8 @@ from nli_jax.metrics import accuracy, precision_recall_f1
 from nli_jax.plan import option
 from nli_jax.tasks.base import TASK_OPTIONS, TASKS, register
 from nli_jax.tasks.common import ClassificationTask, MultiAspectTask
-from nli_jax.tasks.nli import NLIOptions, NLITask, _reindex
+from nli_jax.tasks.indonli import INDONLI
+from nli_jax.tasks.nli import NLIOptions, NLITask, reindex
 from nli_jax.verbalizers import ASPECTS, PAIR, SINGLE, Verbalizer, verbalizer_for
 
 BINARY_LABELS = ("entailment", "not_entailment")
@@ -126,8 +127,9 @@ class UniversalNLI(NLITask):
     primary_metric = "f1"
 
     def __init__(self, plan):
-        super().__init__("indonli", plan.data, plan.task_options)
+        super().__init__(INDONLI, plan.data, plan.task_options)
         self.name = "universal_nli"
+        self.labels = ()  # binary when trained (labels_from); an NLI checkpoint's own when it scores pairs
         self.plan = plan
 
     def labels_from(self, splits):
@@ -173,7 +175,7 @@ class UniversalNLI(NLITask):
                 if split == "train":
                     examples = cap_per_class(task, examples, self.options.max_per_class, self.options.recast_seed)
                 out += recast(task, verbalizer, examples, name)
-        return {"train": InMemorySource(_reindex(train)), "validation": InMemorySource(_reindex(validation))}
+        return {"train": InMemorySource(reindex(train)), "validation": InMemorySource(reindex(validation))}
 
     def report(self, split, examples, predictions):
         gold = [e["label"] for e in examples]

@@ -22,6 +22,7 @@ from nli_jax.errors import ConfigValueError, RunError
 from nli_jax.models import make_rngs, preset
 from nli_jax.models.config import EncoderConfig
 from nli_jax.plan import ModelPlan, RunPlan
+from nli_jax.pretraining.vocab_extension import VocabularyGrowth, grow_model, vocabulary_growth
 from nli_jax.tasks import Task, create_task
 from nli_jax.train import compilation, evaluation, planner
 from nli_jax.train import inputs as inputs_lib
@@ -53,18 +54,22 @@ def preset_config(model: ModelPlan, vocab_size: int, **fields) -> EncoderConfig:
     return preset(model.preset, **{**model.encoder_fields, **fields, "vocab_size": padded})
 
 
-def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None):
-    """The task's model: from `init` (or model.init) when set, else from the preset at random."""
+def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None,
+                growth: VocabularyGrowth | None = None):
+    """The task's model: from `init` (or model.init) when set, else from the preset at random;
+    `growth`: the checkpoint's vocabulary grown for a tokenizer that extends its own."""
     cls, head_kwargs = task.model_class_and_kwargs()
     init = init or model.init
     if init:
-        return cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers,
-                                   seed=seed, config_overrides=model.overrides_dict, **head_kwargs)
+        loaded = cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers,
+                                     seed=seed, config_overrides=model.overrides_dict, **head_kwargs)
+        return grow_model(loaded, growth, seed) if growth else loaded
     encoder_config, _ = encoder_config_for(model, tokenizer)
     return cls(encoder_config, rngs=make_rngs(seed), **head_kwargs)
 
 
-def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = None):
+def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = None,
+                       growth: VocabularyGrowth | None = None):
     """(model, its parameters as global arrays in their shardings, those shardings). From scratch
     on a mesh that shards parameters (fsdp or tensor), they are created on the devices in their
     shardings (no host holds them whole). A checkpoint (model.init) is read on the host and each
@@ -72,7 +77,7 @@ def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = 
     every device holds whole anyway."""
     rules = plan.mesh.rules
     if init or plan.model.init or not any(mesh.shape.get(a, 1) > 1 for a in ("fsdp", "tensor")):
-        model = build_model(plan.model, task, tokenizer, plan.seed, init=init)
+        model = build_model(plan.model, task, tokenizer, plan.seed, init=init, growth=growth)
         shardings = mesh_lib.param_shardings(model, mesh, rules)
         params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
         return model, params, shardings
@@ -88,6 +93,8 @@ class ModelInputs:
     tokenizer_dir: str
     encoder_config: EncoderConfig
     model_dir: str | None  # model.init's directory (None: built from a preset)
+    # model.init's vocabulary grown for a tokenizer that extends it (continued pretraining), else None
+    growth: VocabularyGrowth | None = None
 
 
 def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
@@ -100,32 +107,33 @@ def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
     tokenizer_dir = resolve_directory(tokenizer_path)
     tokenizer = load_tokenizer(tokenizer_dir)
     encoder_config, model_dir = encoder_config_for(plan.model, tokenizer, model_init)
-    source = model_init or plan.model.init or f"preset {plan.model.preset}"
-    planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
+    growth = None
     # Both are local by now (resolve_directory downloads a gs:// directory once per process).
     if model_dir and storage.resolve(model_dir) != storage.resolve(tokenizer_dir):
-        _check_same_vocabulary(tokenizer, tokenizer_path, model_dir)
-    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir)
+        growth = _vocabulary_growth(task, tokenizer, tokenizer_path, model_dir, encoder_config.vocab_size)
+    if growth:
+        encoder_config = dataclasses.replace(encoder_config, vocab_size=growth.vocab_size)
+    source = model_init or plan.model.init or f"preset {plan.model.preset}"
+    planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
+    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir, growth)
 
 
-def _check_same_vocabulary(tokenizer, tokenizer_path: str, model_dir: str) -> None:
-    """A tokenizer other than the checkpoint's own must have the same vocabulary: its ids
-    index the checkpoint's embedding rows."""
+def _vocabulary_growth(task, tokenizer, tokenizer_path: str, model_dir: str, vocab_size: int) -> VocabularyGrowth | None:
+    """A tokenizer other than the checkpoint's own must have the same vocabulary (its ids index
+    the checkpoint's embedding rows), or extend it (every old token at its id) in a run that
+    grows the vocabulary (continued pretraining: Task.new_token_init()); then the growth."""
     if not set(os.listdir(model_dir)) & set(inputs_lib.TOKENIZER_FILES) - {"tokenizer_config.json",
                                                                             "special_tokens_map.json"}:
-        return  # the checkpoint ships no tokenizer to compare with
+        return None  # the checkpoint ships no tokenizer to compare with
     try:
-        own = load_tokenizer(model_dir).get_vocab()
+        own = load_tokenizer(model_dir)
     except Exception as e:  # an unloadable tokenizer of the checkpoint's is not this run's concern
         log.warning("could not load %s's own tokenizer to compare it with %s (%s)", model_dir, tokenizer_path, e)
-        return
-    given = tokenizer.get_vocab()
-    if own != given:
-        differing = sorted(t for t in set(own) | set(given) if own.get(t) != given.get(t))
-        raise ConfigValueError(
-            f"--config.model.tokenizer={tokenizer_path!r}: its vocabulary differs from the one model.init "
-            f"({model_dir}) was trained with ({len(differing)} of {max(len(own), len(given))} tokens differ, e.g. "
-            f"{differing[:5]}): its token ids would select the wrong embeddings; use the checkpoint's tokenizer")
+        return None
+    try:
+        return vocabulary_growth(tokenizer, tokenizer_path, own, model_dir, vocab_size, task.new_token_init())
+    except RunError as e:
+        raise ConfigValueError(str(e)) from None
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -221,7 +229,8 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
         if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
             splits = dict(splits, train=train_examples)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
-    model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=model_init)
+    model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=model_init,
+                                                        growth=checked.growth)
     check_dropout_streams(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
