@@ -32,6 +32,11 @@ class ScheduleOptions(Options):
     def in_units_of(self, lr: float) -> "ScheduleOptions":
         return self
 
+    def milestones(self, total_steps: int, warmup_steps: int) -> dict[str, int]:
+        """{name: step} of the parameters the schedule marks (WSD's pre-decay ones): the loop
+        checkpoints each step and exports its parameters to <workdir>/<name>/, kept."""
+        return {}
+
     def plan_problems(self, plan, task, key: str) -> list[str]:
         opt = plan.optimizer
         if self.rises_itself and (opt.warmup_steps or opt.warmup_ratio):

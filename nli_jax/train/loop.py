@@ -108,7 +108,9 @@ def run_one(plan: RunPlan, workdir: str, parent: tuple[str, dict] | None = None)
     workdir_lib.check_still_there(workdir, "the final evaluation's files were")
     params, evaluated_step = _best_params(run, state, record)
     fields = dict(steps=record.steps, best_step=record.best_step, evaluated_step=evaluated_step,
-                  stopped_early=record.stopped_early, history=list(record.history), train_tokens=record.train_tokens)
+                  stopped_early=record.stopped_early, history=list(record.history), train_tokens=record.train_tokens,
+                  **({"milestones": {name: {"step": at, "export": storage.resolve(storage.under(workdir, name))}
+                                     for name, at in record.milestones}} if record.milestones else {}))
     results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits],
                                         hooks=hooks, reused=reused, fields=fields)
     results["compilation"] = compilation.since(compiled_before)
@@ -201,6 +203,8 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
                         peak_flops=plan.train.peak_tflops_per_device * 1e12 * jax.device_count())
     _log_start(run, steps, state["params"], len(train_source))
     selects = _selects_best_step(run)
+    # Parameters the schedule marks (WSD's pre-decay ones): checkpointed and exported at their step.
+    milestones = {at: name for name, at in plan.schedule.milestones(steps.total_steps, steps.warmup_steps).items()}
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
     pending, padding = [], _Padding(record.train_tokens)
     finite = _FiniteSteps(run.workdir, ckpt, step, run_state, lambda: record.best_step)
@@ -227,7 +231,10 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
                     best_evaluation = (step, evaluation)
             record = record.with_tokens(padding.totals())  # what results.json reports survives a resume
             final = step == steps.total_steps or record.stopped_early
-            if step % steps.checkpoint_every == 0 or final:
+            if step in milestones:
+                pending = finite.check(pending)  # a diverged step is never exported
+                _export_milestone(run, state["params"], milestones[step], step)
+            if step % steps.checkpoint_every == 0 or final or step in milestones:
                 pending = finite.check(pending)
                 workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
                 for hook in hooks:
@@ -250,11 +257,20 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
     padding.log()
     # Tokens this process's steps computed on (rows x length, padding included) and real ones,
     # over the whole run (kept in the checkpoints' record across resumes).
-    record = record.finished(step, steps.total_steps, padding.totals())
+    record = record.finished(step, steps.total_steps, padding.totals(),
+                             milestones={name: at for at, name in milestones.items() if at <= step})
     reused = None
     if best_evaluation is not None and best_evaluation[0] == record.best_step:
         reused = {task.validation_split: best_evaluation[1]}
     return state, record, reused
+
+
+def _export_milestone(run: RunSetup, params, name: str, step: int) -> str:
+    """The parameters of a milestone step as a Hugging Face directory, <workdir>/<name>/ (a rerun
+    that passes the step again writes the same files)."""
+    directory = export(run, params, storage.makedirs(storage.under(run.workdir, name)))
+    log.info("step %d: the schedule's %s parameters exported to %s", step, name, directory)
+    return directory
 
 
 def _budgeted(run: RunSetup, hooks: tuple, steps: StepPlan, record: LoopRecord, state, train_step, batches):

@@ -30,6 +30,7 @@ class LoopRecord:
     budget: BudgetRecord | None = None
     steps: int | None = None  # at the end: the steps run and the total (set by `finished`)
     total_steps: int | None = None
+    milestones: tuple[tuple[str, int], ...] = ()  # at the end: (name, step) of the schedule's exported milestones
 
     def after_validation(self, step: int, entry: dict, metric: float, *, selects: bool, patience: int) -> "LoopRecord":
         """The record after a validation at `step` (`entry` its history row): a better metric (or,
@@ -48,15 +49,20 @@ class LoopRecord:
     def with_budget(self, budget: BudgetRecord) -> "LoopRecord":
         return dataclasses.replace(self, budget=budget)
 
-    def finished(self, steps: int, total_steps: int, train_tokens: dict[str, int]) -> "LoopRecord":
-        return dataclasses.replace(self, steps=steps, total_steps=total_steps, train_tokens=dict(train_tokens))
+    def finished(self, steps: int, total_steps: int, train_tokens: dict[str, int],
+                 milestones: dict[str, int] | None = None) -> "LoopRecord":
+        return dataclasses.replace(self, steps=steps, total_steps=total_steps, train_tokens=dict(train_tokens),
+                                   milestones=tuple(sorted((milestones or {}).items(), key=lambda kv: kv[1])))
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
         out["history"] = list(out["history"])
+        out["milestones"] = [list(m) for m in out["milestones"]]
         for key in ("budget", "train_tokens", "steps", "total_steps"):  # absent rather than null, as before
             if out[key] is None:
                 out.pop(key)
+        if not out["milestones"]:
+            out.pop("milestones")
         return out
 
     @classmethod
@@ -71,4 +77,5 @@ class LoopRecord:
                    evals_without_improvement=int(saved["evals_without_improvement"]),
                    stopped_early=bool(saved["stopped_early"]), history=tuple(saved["history"]),
                    train_tokens=saved.get("train_tokens"), budget=BudgetRecord(**budget) if budget else None,
-                   steps=saved.get("steps"), total_steps=saved.get("total_steps"))
+                   steps=saved.get("steps"), total_steps=saved.get("total_steps"),
+                   milestones=tuple(tuple(m) for m in saved.get("milestones", ())))
