@@ -36,7 +36,7 @@ setup(
         "torch": ["torch==2.13.0"],
         # The TPU compiler, pinned as jax[tpu] pins it for this jax: launch.compile compiles a run for
         # a Cloud TPU topology on any host. A machine without TPU chips does not start it for a run
-        # (nli_jax.train.platforms).
+        # (nli_jax.cli.platforms).
         "tpu": ["jax==0.10.2", "libtpu==0.0.42.*"],
         "test": [
             "jax==0.10.2", "libtpu==0.0.42.*",  # the tpu extra: tests/test_tpu_compile.py

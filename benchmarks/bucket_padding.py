@@ -60,7 +60,7 @@ def main(argv=None):
     from nli_jax.data import pipeline
     from nli_jax.data.records import InMemorySource
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
 
     config = indonli_large.get_config()
     config.data.max_seq_length = args.max_seq_length

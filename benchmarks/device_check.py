@@ -48,7 +48,7 @@ from benchmarks import harness, mlm_train_step  # noqa: E402
 # Dense bfloat16 peak per device, TFLOP/s, by (a prefix of) jax's device_kind; the longest matching
 # prefix wins. NVIDIA datasheets (SXM parts unless named): H100 SXM 989.4, H100 PCIe 756, H100 NVL
 # 835, H200 989.4, H200 NVL 835, A100 312, L4 121, A10G 70 (its spec sheet's 140 is with sparsity).
-# Cloud TPU (per jax device: a core on v2/v3, a chip after; nli_jax.train.aot's table): v2 22.5,
+# Cloud TPU (per jax device: a core on v2/v3, a chip after; nli_jax.aot's table): v2 22.5,
 # v3 61.5, v4 275, v5e 197, v5p 459, v6e 918.
 PEAK_BF16_TFLOPS = {
     "NVIDIA H100": 989.4, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0,
@@ -110,7 +110,7 @@ def peak_tflops(device_kind: str) -> float:
 def finetune_plan(batch: int, length: int):
     """configs/indonli_large.py's plan (Adam 1e-5, 3 labels) at this batch and length, bfloat16."""
     from configs import indonli_large
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = indonli_large.get_config()
     config.model.dtype = "bfloat16"
     config.train.batch_size = batch

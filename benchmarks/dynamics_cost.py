@@ -30,7 +30,7 @@ def main():
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side and round")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from nli_jax.train import host_memory
+    from nli_jax.cli import host_memory
     host_memory.configure()  # as the command line does (may re-execute the interpreter)
     print(harness.line(), flush=True)  # ratios differ between CPUs
     import jax
@@ -39,7 +39,7 @@ def main():
     from configs import indonli_base
     from nli_jax.data import pipeline
     from nli_jax.hooks import dynamics
-    from nli_jax.train import planner
+    from nli_jax import planner
     from nli_jax.train.loop import initial_state_and_step
     from nli_jax.train.optimizers import make_optimizer
     from nli_jax.train.setup import prepare, training_examples

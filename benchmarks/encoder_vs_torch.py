@@ -22,7 +22,8 @@ import resource
 
 # As the command line does, before JAX runs anything or anything is printed (it may re-execute the
 # interpreter; PyTorch shares the process and the allocator setting).
-from nli_jax.train import compilation, host_memory  # noqa: E402
+from nli_jax.train import compilation  # noqa: E402
+from nli_jax.cli import host_memory
 
 HOST_MALLOC = host_memory.configure()
 

@@ -21,7 +21,7 @@ lines of val.jsonl, which both sides read.
 
 nli-jax: the project's command line, `python -m finetune.main --config=configs/indonli_base.py`
 with the recipe's overrides (printed and written to the JSON), run in a subprocess through
-`nli_jax.train.cli.main` with timers wrapped around the loop's phases (setup, train(), the
+`nli_jax.cli.main` with timers wrapped around the loop's phases (setup, train(), the
 validation evaluation, checkpoint writes) and jax.monitoring's compile durations. Nothing of
 the loop is copied; the plain command does the same work without the timers.
 
@@ -266,16 +266,17 @@ class Phases:
 
 
 def nli_jax_worker(spec: dict) -> None:
-    """Runs the project's command line (nli_jax.train.cli.main) with timers on the loop's phases."""
+    """Runs the project's command line (nli_jax.cli.main) with timers on the loop's phases."""
     os.chdir(REPO)
-    from nli_jax.train import host_memory
+    from nli_jax.cli import host_memory
     host_memory.configure()  # first, as the command line's cli.run does: it may re-execute this worker
     import jax
     from absl import app
 
     import importlib
 
-    from nli_jax.train import checkpointing, cli, loop, setup
+    from nli_jax.train import checkpointing, loop, setup
+    from nli_jax import cli
 
     flags = nli_jax_flags(spec)
     module, _, variant = TASKS[spec["task"]]["config"].partition(":")

@@ -48,7 +48,7 @@ def describe() -> dict:
                     flags = set(value.split())
     except OSError:
         pass
-    from nli_jax.train.host_memory import thp_mode  # what the default host allocator can use
+    from nli_jax.cli.host_memory import thp_mode  # what the default host allocator can use
     return {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "isa": [f for f in ISA_FLAGS if f in flags], "thp": thp_mode()}
 

@@ -55,7 +55,7 @@ def main():
     from configs.pretrain import indobert_base
     from nli_jax.data import pipeline
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     tokenizer = nli_jax.load_tokenizer(vocab_dir)
     # The BERT phase-1 recipe's masking (max 20 predictions at 128, token masking), this batch.
     config = indobert_base.get_config("phase=1")

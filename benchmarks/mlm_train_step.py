@@ -31,7 +31,7 @@ import os
 
 # As the command line does, before JAX runs anything or anything is printed (it may re-execute the
 # interpreter; PyTorch shares the process and the allocator setting).
-from nli_jax.train import host_memory  # noqa: E402
+from nli_jax.cli import host_memory  # noqa: E402
 
 HOST_MALLOC = host_memory.configure()
 
@@ -49,7 +49,7 @@ from nli_jax.tasks import create_task  # noqa: E402
 from nli_jax.train import mesh as mesh_lib  # noqa: E402
 from nli_jax.train.loop import initial_state_and_step  # noqa: E402
 from nli_jax.train.optimizers import make_optimizer  # noqa: E402
-from nli_jax.train.planner import build_plan  # noqa: E402
+from nli_jax.planner import build_plan  # noqa: E402
 from nli_jax.train.setup import StepSetup  # noqa: E402
 from nli_jax.train.steps import check_dropout_streams  # noqa: E402
 

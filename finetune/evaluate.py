@@ -10,7 +10,7 @@ and predictions.jsonl in --workdir. Every file is read and validated before any 
 """
 from absl import app, flags
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 cli.define_tool_flags("a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
 flags.DEFINE_string("workdir", None, "where results.json and predictions.jsonl go")
@@ -27,7 +27,7 @@ def main(argv):
     files = cli.parse_files(FLAGS.file)  # split names, which name files: checked first
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
-    from nli_jax.train.tools import evaluate_checkpoint
+    from nli_jax.tools import evaluate_checkpoint
     evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint, files, allow_unfinished=FLAGS.allow_unfinished)
 
 

@@ -6,7 +6,7 @@ transformers' *ForSequenceClassification / *ForTokenClassification and in nli-ja
 """
 from absl import app, flags
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 cli.define_tool_flags("a fine-tuning run's workdir")
 flags.DEFINE_string("output", None, "directory to write the Hugging Face model to")
@@ -21,7 +21,7 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()  # the gather of parameters sharded across processes is collective
-    from nli_jax.train.tools import export_checkpoint
+    from nli_jax.tools import export_checkpoint
     print(export_checkpoint(config, FLAGS.checkpoint, FLAGS.output, allow_unfinished=FLAGS.allow_unfinished))
 
 

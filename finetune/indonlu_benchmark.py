@@ -27,7 +27,7 @@ from configs import indonlu as indonlu_config
 from finetune.sweep import run_cell, with_lr_and_seed
 from nli_jax import storage, tables
 from nli_jax.data import indonlu as indonlu_data
-from nli_jax.train import cli
+from nli_jax import cli
 
 flags.DEFINE_string("model", "large", f"one of {sorted(indonlu_config.MODELS)}")
 flags.DEFINE_string("workdir", None, "output directory")

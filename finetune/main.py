@@ -8,7 +8,7 @@
 Rerunning the same command in the same workdir resumes from the latest checkpoint.
 """
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 cli.define_flags()
 

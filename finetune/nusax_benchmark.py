@@ -32,7 +32,7 @@ from configs import nusax as nusax_config
 from finetune.sweep import run_cell, with_lr_and_seed
 from nli_jax import storage, tables
 from nli_jax.tasks.nusax import LANGUAGES
-from nli_jax.train import cli
+from nli_jax import cli
 
 flags.DEFINE_string("model", "base", "a name of configs/indonlu.py's MODELS, or a checkpoint directory or hub id")
 flags.DEFINE_string("workdir", None, "output directory")

@@ -11,7 +11,7 @@ split (the input's name), idx, id, prediction (label name or tag list), probabil
 """
 from absl import app, flags
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 cli.define_tool_flags("a fine-tuning run's workdir (best parameters) or a Hugging Face directory")
 flags.DEFINE_string("output", None, "directory for predictions.jsonl")
@@ -30,7 +30,7 @@ def main(argv):
     files = cli.parse_files(FLAGS.input, "--input")  # split names, which name files: checked first
     config = cli.checkpoint_config(FLAGS.config, FLAGS.checkpoint, FLAGS.override)
     cli.init_distributed()
-    from nli_jax.train.tools import predict_files
+    from nli_jax.tools import predict_files
     records = predict_files(config, FLAGS.output, FLAGS.checkpoint, files, allow_unfinished=FLAGS.allow_unfinished)
     print(f"{len(records)} predictions written to {FLAGS.output}/predictions.jsonl")
 

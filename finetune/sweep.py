@@ -35,7 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from nli_jax import storage, tables
-from nli_jax.train.cli import CommandLineError
+from nli_jax.cli import CommandLineError
 
 FLAGS = flags.FLAGS
 log = logging.getLogger("finetune.sweep")
@@ -68,7 +68,7 @@ def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     before its training began (see the module docstring), which is re-raised."""
     from nli_jax.tasks import options_class
     from nli_jax.train.loop import train_and_evaluate
-    from nli_jax.train.planner import config_dict
+    from nli_jax.planner import config_dict
     from nli_jax.workdir import check_config
     start = time.time()
     results_path = os.path.join(workdir, "results.json")
@@ -166,7 +166,7 @@ def write_outputs(workdir: str, summary: dict) -> str:
 
 def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
     """Runs every (lr, seed) cell not finished yet; returns sweep.json's contents (plus "table")."""
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.workdir import check_tool_output
     check_tool_output(workdir, "--workdir")  # its cells are its own runs; the sweep is inside no other run
     plan = build_plan(config, training=False)  # the sweep's task, splits and model (the cells check the rest)
@@ -246,5 +246,5 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     define_flags()
-    from nli_jax.train import cli
+    from nli_jax import cli
     cli.run(main)

@@ -17,7 +17,7 @@ results.json and predictions.jsonl (each example's record with every label's sco
 from absl import app, flags
 from ml_collections import config_flags
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 config_flags.DEFINE_config_file("config", None, "the task's config file (path[:variant]); default: the defaults of "
                                 "--task", lock_config=True)

@@ -1,6 +1,6 @@
 """Compile a run's own train and evaluation steps for a Cloud TPU topology on this host (no TPU,
 no data, no weights): does it fit, how is it sharded, and how fast does the TPU compiler expect
-it to be, before a slice is booked (nli_jax.train.aot).
+it to be, before a slice is booked (nli_jax.aot).
 
     python -m launch.compile --config=configs/pretrain/indobert_large.py:phase=1 --topology=v3-8
     python -m launch.compile --config=configs/indonli_large.py --topology=v4-8 --output=indonli_v4-8.json
@@ -23,10 +23,10 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from nli_jax.train import cli  # noqa: E402
+from nli_jax import cli  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:variant]).", lock_config=True)
-flags.DEFINE_string("topology", "v3-8", "Cloud TPU slice to compile for (nli_jax.train.aot.TOPOLOGIES).")
+flags.DEFINE_string("topology", "v3-8", "Cloud TPU slice to compile for (nli_jax.aot.TOPOLOGIES).")
 flags.DEFINE_string("output", "", "Write the full report here as JSON.")
 flags.DEFINE_bool("eval_step", True, "Also compile the evaluation step.")
 flags.mark_flags_as_required(["config"])
@@ -38,7 +38,7 @@ def main(argv) -> None:
         raise cli.CommandLineError(f"unexpected arguments: {argv[1:]}")
     import json
     from absl import logging as absl_logging
-    from nli_jax.train import aot
+    from nli_jax import aot
     absl_logging.set_verbosity(absl_logging.WARNING)
     aot.topology(FLAGS.topology)  # an unknown name is one line before anything is built
     if FLAGS.output:  # never over a run's files: before minutes of compiling

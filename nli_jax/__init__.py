@@ -1,8 +1,8 @@
 """nli-jax: JAX/Flax NNX encoders, pretraining and fine-tuning for Indonesian and low-resource NLU.
 
 The public names below are imported on first use (PEP 562), not with the package: a command
-line tool imports nli_jax.train.cli first and may re-execute its interpreter before anything
-else runs (nli_jax.train.host_memory), and importing JAX and Flax here would cost every CPU run
+line tool imports nli_jax.cli first and may re-execute its interpreter before anything
+else runs (nli_jax.cli.host_memory), and importing JAX and Flax here would cost every CPU run
 that second ~1 s of imports.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Errors that stop a run before compute because of its input. Their messages are complete (the
 key, or the file and line); the command line prints them as one line, without a traceback
-(nli_jax.train.cli). Data files: nli_jax.data.readers.DataError; model directories:
+(nli_jax.cli). Data files: nli_jax.data.readers.DataError; model directories:
 nli_jax.checkpoints.CheckpointError; model configs: ConfigError (also nli_jax.models.ConfigError)."""
 
 

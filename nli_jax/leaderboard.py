@@ -76,7 +76,7 @@ from nli_jax.data import indonlu as indonlu_data
 from nli_jax.tasks.ocnli import OCNLI
 from nli_jax import storage
 from nli_jax.data.readers import DataError, read_jsonl
-from nli_jax.train.command_help import empty_path_problem
+from nli_jax.cli.command_help import empty_path_problem
 
 
 class SubmissionError(DataError):

@@ -1,5 +1,5 @@
 """The plan of a run: every value a run uses, typed and frozen, resolved once from its
-ml_collections config by `nli_jax.train.planner` (which also runs every check, before anything
+ml_collections config by `nli_jax.planner` (which also runs every check, before anything
 is written). Nothing else reads the config: tasks, the input pipeline and the optimizer receive
 the sections they need.
 

@@ -34,7 +34,8 @@ from nli_jax.plan import default_config
 from nli_jax.tasks import create_task, options_config
 from nli_jax.tasks.nli import NLITask
 from nli_jax.tasks.universal import example_texts, task_kind
-from nli_jax.train import planner, tools
+from nli_jax import planner
+from nli_jax import tools
 from nli_jax.train.checkpointing import Checkpointer
 from nli_jax.train.reporting import log, setup_logging, write_json, write_jsonl
 from nli_jax.train.setup import prepare

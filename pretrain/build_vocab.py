@@ -33,5 +33,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from nli_jax.train.cli import run_tool
+    from nli_jax.cli import run_tool
     run_tool(main)

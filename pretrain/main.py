@@ -12,7 +12,7 @@ The same loop, checkpointing, exact resume and SIGTERM handling as finetune.main
 model and tokenizer are exported to <workdir>/export (Hugging Face format).
 """
 
-from nli_jax.train import cli
+from nli_jax import cli
 
 cli.define_flags()
 

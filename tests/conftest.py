@@ -20,7 +20,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
-# The host allocator setting of the command line (nli_jax.train.host_memory) may re-execute the
+# The host allocator setting of the command line (nli_jax.cli.host_memory) may re-execute the
 # interpreter, which pytest's workers must not do: tests run with glibc's defaults, and
 # tests/test_host_memory.py checks the setting through cli.run in subprocesses.
 
@@ -98,7 +98,7 @@ def config_for(spec: str = "indonli_large:cpu_test", *assignments):
 
     from absl import logging as absl_logging
 
-    from nli_jax.train import cli
+    from nli_jax import cli
     absl_logging.set_verbosity(absl_logging.WARNING)
     module, _, variant = spec.partition(":")
     config = importlib.import_module(f"configs.{module}").get_config(variant or None)
@@ -109,5 +109,5 @@ def config_for(spec: str = "indonli_large:cpu_test", *assignments):
 def task_for(config):
     """The task of a config (its plan's sections), as a run builds it; nothing read."""
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     return create_task(build_plan(config, training=False))

@@ -35,7 +35,7 @@ def config_with(*assignments, tfds_dir=None):
     from absl import logging as absl_logging
 
     from configs import indonli_large
-    from nli_jax.train import cli
+    from nli_jax import cli
     absl_logging.set_verbosity(absl_logging.WARNING)
     config = indonli_large.get_config("cpu_test")
     cli.apply_overrides(config, ((f"data.tfds_dir={tfds_dir}",) if tfds_dir else ()) + assignments)
@@ -210,7 +210,7 @@ def test_a_config_file_key_nli_jax_does_not_have_or_lacks_is_refused(tmp_path, t
 def test_micro_batch_and_eval_batch_against_devices_and_processes():
     """batch 6 on 4 devices (and the other relations with devices), checked without the devices."""
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     with pytest.raises(ConfigValueError, match=r"--config.train.batch_size=6: the micro-batch of 6 examples .* 4 data"):
         build_plan(config_with("train.batch_size=6"), devices=4, processes=1)
     with pytest.raises(ConfigValueError, match=r"--config.train.eval_batch_size=10: must divide by the 4 data"):
@@ -264,8 +264,8 @@ def test_batch_larger_than_the_training_split_is_refused(tmp_path, tfds_dir):
 def test_pretraining_relations_are_checked(tmp_path):
     from configs.pretrain import indobert_lite_base
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train import cli
-    from nli_jax.train.planner import build_plan
+    from nli_jax import cli
+    from nli_jax.planner import build_plan
     config = indobert_lite_base.get_config("cpu_test")
     cli.apply_overrides(config, ["task_options.max_predictions=100"])
     with pytest.raises(ConfigValueError, match=r"--config.task_options.max_predictions=100: more predictions than"):
@@ -620,9 +620,9 @@ def test_model_init_files_are_fingerprinted(tmp_path, tiny_checkpoint):
 
 
 def test_evaluating_a_run_with_another_tokenizer_is_refused(trained, inputs, tmp_path):
-    from nli_jax.train import cli
+    from nli_jax import cli
     from nli_jax.train.inputs import InputsChangedError
-    from nli_jax.train.tools import evaluate_checkpoint
+    from nli_jax.tools import evaluate_checkpoint
     config = cli.checkpoint_config(None, str(trained))
     with restored_afterwards(inputs / "tokenizer" / "vocab.txt") as vocab:
         lines = vocab.read_text(encoding="utf-8").split("\n")
@@ -850,7 +850,7 @@ def test_config_value_error_is_one_line_without_a_traceback(tmp_path):
 
 def test_refusal_for_the_devices_writes_nothing_that_blocks_the_corrected_command(tmp_path):
     """batch 6 on 4 devices used to write config.json, and then refused batch 8 as a changed key."""
-    from nli_jax.train.planner import config_dict
+    from nli_jax.planner import config_dict
     from nli_jax.workdir import check_config
     workdir = tmp_path / "work"
     proc = cli_run(workdir, "--config.train.batch_size=6", devices=4)
@@ -863,7 +863,7 @@ def test_refusal_for_the_devices_writes_nothing_that_blocks_the_corrected_comman
 def test_override_typo_names_the_closest_keys():
     from absl import app
 
-    from nli_jax.train import cli
+    from nli_jax import cli
     with pytest.raises(app.UsageError, match=r"no config field 'train.eval_batchsize'; did you mean "
                                              r"train.eval_batch_size"):
         cli.apply_overrides(config_with(), ["train.eval_batchsize=32"])

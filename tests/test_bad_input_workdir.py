@@ -164,7 +164,7 @@ def test_tools_refuse_an_interrupted_run_unless_told(tmp_path, monkeypatch):
     """After SIGTERM at step 4 of 8, predict and export used step 4's parameters silently."""
     from nli_jax.errors import RunError
     from nli_jax.train.checkpointing import Checkpointer
-    from nli_jax.train.tools import export_checkpoint, predict_files
+    from nli_jax.tools import export_checkpoint, predict_files
     original = Checkpointer.save
 
     def save_then_sigterm(self, step, *args, **kwargs):

@@ -43,7 +43,7 @@ def _heldout_batches_and_reference(config, workdir):
     batches it saw recorded; returns (its report, the batches, per-batch MLM (sum, weight) from
     the jitted eval step, the initial model)."""
     from nli_jax.data import pipeline
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import prepare
     run = prepare(build_plan(config), str(workdir))
     recorded, masking = [], run.evaluator.batching
@@ -179,8 +179,8 @@ def test_continue_variant_takes_tokenizer_and_shape_from_the_checkpoint(recipe, 
     phase's steps with a 6% warmup; the run's tokenizer and shape are MiniLM's (not the preset's)."""
     import importlib
     from configs.pretrain.common import PHASES
-    from nli_jax.train import cli
-    from nli_jax.train.planner import build_plan
+    from nli_jax import cli
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import model_inputs
     module = importlib.import_module(f"configs.pretrain.{recipe}")
     config = module.get_config("continue")
@@ -276,7 +276,7 @@ def test_both_phases_then_fine_tuning_on_the_shipped_configs(recipe, tmp_path):
     evaluation (step 1, learning rate 0) is phase 1's model: its MLM loss is far below a fresh
     model's on the same masked held-out batches."""
     import importlib
-    from nli_jax.train import cli
+    from nli_jax import cli
     config_file = f"configs/pretrain/{recipe}.py"
     phase1, phase2, finetuned = tmp_path / "phase1", tmp_path / "phase2", tmp_path / "finetuned"
     _pretrain(phase1, "--config.train.max_steps=150", config=f"{config_file}:cpu_test")

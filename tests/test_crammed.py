@@ -24,7 +24,7 @@ CONFIG = "configs/pretrain/crammed.py"
 
 def _plan(arg="cpu_test", one_cycle=None, batch_ramp=None, **optimizer):
     from configs.pretrain import crammed
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = crammed.get_config(arg)
     config.optimizer.update(**optimizer)
     config.schedules.one_cycle.update(**(one_cycle or {}))
@@ -95,7 +95,7 @@ def test_ramped_updates_are_the_optimizer_on_the_mean_gradient_every_k_steps():
 
 
 def test_one_cycle_with_a_warmup_is_refused_naming_the_keys():
-    from nli_jax.train.planner import ConfigValueError
+    from nli_jax.planner import ConfigValueError
     with pytest.raises(ConfigValueError, match=r"^--config.optimizer.warmup_steps=10, .*'one_cycle'"):
         _plan(warmup_steps=10)
 
@@ -126,7 +126,7 @@ def test_the_objective_continues_a_modernbert_without_a_sentence_task_only():
     crammed recipe's phase 2 or continued pretraining of its export), not with an NSP head."""
     from configs.pretrain import indobert_base
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     assert "modernbert" in create_task(_plan()).continuable()
     nsp = create_task(build_plan(indobert_base.get_config("cpu_test"), training=False))
     assert nsp.continuable() == ("bert", "albert")
@@ -218,7 +218,7 @@ def _heldout_evaluation(workdir, **task_options):
     """The run's own evaluator on its held-out split, at the initial parameters (the loop's set-up)."""
     from configs.pretrain import crammed
     from nli_jax.train.loop import checked_setup
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = crammed.get_config("cpu_test")
     config.task_options.update(**task_options)
     run, *_ = checked_setup(build_plan(config), str(workdir))

@@ -633,7 +633,7 @@ def test_the_mdeberta_config_carries_its_model_cards_xnli_recipe():
     plans the tiny-deberta-v3 preset from scratch."""
     from conftest import config_for
     from nli_jax.models import preset
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     c = config_for("indonli_mdeberta")
     assert (c.model.init, c.optimizer.name, c.optimizer.lr, c.optimizer.schedule, c.optimizer.weight_decay,
             c.optimizer.eps, c.optimizer.grad_clip, c.train.batch_size, c.train.num_epochs, c.data.max_seq_length,

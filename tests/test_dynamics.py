@@ -141,7 +141,7 @@ def test_dynamics_of_another_run_in_the_workdir_are_refused(run, tmp_path):
 ])
 def test_dynamics_settings_a_task_cannot_record_are_refused(assignments, message):
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     with pytest.raises(ConfigValueError, match=message):
         build_plan(config_for("indonli_large:cpu_test", *assignments))
 
@@ -308,7 +308,7 @@ def test_records_of_a_run_an_older_nli_jax_started_are_this_runs(tmp_path):
     import types
 
     from nli_jax.hooks.dynamics import DIRECTORY, META, DynamicsError, DynamicsHook, DynamicsOptions, identity
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     older = json.loads((REPO / "tests" / "fixtures" / "older_config_json" / "indonli_cpu_test_dynamics.json")
                        .read_text().replace("{REPO}", str(REPO)))
     plan = build_plan(config_for("indonli_large:cpu_test", "hooks.dynamics.enabled=True",

@@ -185,7 +185,7 @@ def test_electra_pretraining_learns_to_detect_replacements_and_exports_for_trans
     ("cpu_test", 16, 2e-3, 300, 64, 0.5)])
 def test_electra_small_configs_carry_the_papers_recipe(variant, batch, lr, steps, length, fraction):
     from conftest import config_for
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     plan = build_plan(config_for(f"pretrain.electra_small:{variant}"), training=False)
     assert plan.task == "electra" and plan.task_options.discriminator_weight == 50.0
     assert (plan.batch.global_batch, plan.optimizer.lr, plan.train.max_steps, plan.data.max_seq_length,
@@ -204,7 +204,7 @@ def test_phase_2_starts_from_both_halves_of_phase_1(electra_run, tmp_path):
     from conftest import config_for
     from nli_jax.checkpoints import load_tokenizer
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import build_model
     export = electra_run / "export"
     plan = build_plan(config_for("pretrain.electra_small:phase=2,cpu_test", f"model.init={export}"))

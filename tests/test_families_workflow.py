@@ -83,7 +83,7 @@ def _nli_configs(family, data, tmp):
     """{name: config} of the NLI runs: IndoNLI's four fixture files with the family's own config,
     OCNLI and InferES with the NLI cpu_test recipe and the family's tiny preset."""
     from configs import finetune_common
-    from nli_jax.train import cli
+    from nli_jax import cli
     preset, _, indonli = FAMILIES[family]
     common = ["hooks.dynamics.enabled=True", "export_best=True", f"data.tfds_dir={tmp / 'tfds'}"]
     configs = {"indonli": config_for(f"{indonli}:cpu_test", f"eval_splits={NLI_SPLITS}", f"train.max_steps={2 * STEPS}",

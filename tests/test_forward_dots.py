@@ -16,7 +16,8 @@ import pytest
 
 from conftest import config_for
 from nli_jax.data import pipeline
-from nli_jax.train import compilation, planner
+from nli_jax.train import compilation
+from nli_jax import planner
 from nli_jax.train.setup import prepare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

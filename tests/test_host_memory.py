@@ -1,4 +1,4 @@
-"""The host allocator setting for XLA:CPU step temporaries (nli_jax.train.host_memory), through cli.run.
+"""The host allocator setting for XLA:CPU step temporaries (nli_jax.cli.host_memory), through cli.run.
 
 Each case is a fresh process (glibc reads its tunables at start; mallopt reaches only threads
 that have not allocated yet), running a jitted function with a 64 MB temporary under `cli.run`,
@@ -13,13 +13,14 @@ import textwrap
 
 import pytest
 
-from nli_jax.train import host_memory
+from nli_jax.cli import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
     import json, resource, sys
-    from nli_jax.train import cli, host_memory
+    from nli_jax import cli
+    from nli_jax.cli import host_memory
 
     def main(argv):
         import jax, jax.numpy as jnp

@@ -98,7 +98,7 @@ def test_the_runs_spikes_are_counted_in_its_results_and_records(watched_run):
 
 def test_the_watched_recipe_is_indobert_large_with_the_hook():
     from configs.pretrain import indobert_large, indobert_large_watched
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     watched, parent = (build_plan(m.get_config("cpu_test"), training=False)
                        for m in (indobert_large_watched, indobert_large))
     assert watched.hook("layer_norms").enabled and not parent.hook("layer_norms").enabled

@@ -572,7 +572,7 @@ def test_the_mmbert_recipe_config_and_its_cpu_test():
     """configs/indonli_mmbert.py: the ModernBERT authors' GLUE recipe on jhu-clsp/mmBERT-base, and a
     :cpu_test that builds the tiny ModernBERT preset offline."""
     from configs import indonli_mmbert
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = indonli_mmbert.get_config()
     assert config.model.init == "jhu-clsp/mmBERT-base"
     assert (config.optimizer.name, config.optimizer.lr, config.optimizer.b2, config.optimizer.eps,

@@ -14,7 +14,7 @@ from flax import nnx
 
 from conftest import config_for, optimizer_plan
 from nli_jax.data import pipeline
-from nli_jax.train import planner
+from nli_jax import planner
 from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.setup import prepare
 from nli_jax.train.steps import make_train_step

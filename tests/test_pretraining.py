@@ -296,7 +296,7 @@ def test_phase2_starts_from_phase1_weights_with_a_fresh_step(phase1, tmp_path):
     from conftest import config_for
     from nli_jax.checkpoints import load_tokenizer
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import build_model
     plan = build_plan(config_for("pretrain.indobert_base:phase=2,cpu_test", f"model.init={phase1 / 'export'}"))
     model = build_model(plan.model, create_task(plan), load_tokenizer(plan.model.tokenizer), plan.seed)

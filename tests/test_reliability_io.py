@@ -66,7 +66,7 @@ def victim(tmp_path, name="victim.txt"):
 def fake_run(path, task_config="indonli_large:cpu_test"):
     """A directory that holds a finished training run as a tool sees one (config.json, run.json,
     results.json, predictions.jsonl, checkpoints/ and best/), without training one."""
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(build_plan(config_for(task_config), training=False).config_json))
     (path / "run.json").write_text(json.dumps({"state": "finished"}))
@@ -263,7 +263,7 @@ def test_every_tool_refuses_an_output_inside_another_run(tmp_path):
     from nli_jax import leaderboard
     from nli_jax.analysis import artifacts, cartography
     from nli_jax.errors import RunError
-    from nli_jax.train import tools
+    from nli_jax import tools
     reads, other = fake_run(tmp_path / "reads"), fake_run(tmp_path / "other")
     snapshot = tree(tmp_path)
     config = config_for("indonli_large:cpu_test")
@@ -485,7 +485,7 @@ def test_a_file_size_limit_is_one_line(tmp_path):
 
 
 def test_environment_errors_are_one_line_naming_the_file(capsys):
-    from nli_jax.train.cli import _reporting_input_errors
+    from nli_jax.cli import _reporting_input_errors
     cases = {errno.EROFS: "cannot write /w/x: read-only file system", errno.ENOSPC: "cannot write /w/x: no space left",
              errno.EMFILE: "cannot open /w/x: too many open files (this process may open",
              errno.EACCES: "/w/x: permission denied"}
@@ -510,7 +510,7 @@ def test_what_libraries_print_about_a_full_disk_is_dropped(capsys):
     import logging
 
     from nli_jax.errors import EnvironmentLogFilter
-    from nli_jax.train.cli import _quiet_closed_loops
+    from nli_jax.cli import _quiet_closed_loops
     keep = logging.LogRecord("absl", logging.ERROR, "future.py", 387, "a real problem", None, None)
     try:
         raise ValueError("RESOURCE_EXHAUSTED: Error writing \"opt_state\": Failed to write 547570 bytes to file 24: "
@@ -552,7 +552,7 @@ def test_a_sweep_over_a_cut_cell_results_json_is_one_line(tmp_path):
     """A rerun over a cell whose results.json was cut: a JSONDecodeError traceback (after the cells
     before it had trained)."""
     from finetune.sweep import lr_name, with_lr_and_seed
-    from nli_jax.train.planner import config_dict
+    from nli_jax.planner import config_dict
     cells = tmp_path / "sweep" / f"lr_{lr_name(1e-3)}"
     cell = cells / "seed_2"
     cell.mkdir(parents=True)

@@ -67,7 +67,7 @@ def test_a_seeds_run_records_its_seeds_and_a_rerun_with_others_is_refused(tmp_pa
     from nli_jax import workdir as workdir_lib
     from nli_jax.errors import RunError
     from nli_jax.train.loop import train_and_evaluate
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = config_for("indonli_large:cpu_test")
     with config.unlocked():
         config.seeds = (1, 2)
@@ -191,7 +191,7 @@ def test_a_json_array_file_is_read_in_linear_time_with_progress(tmp_path, monkey
 ])
 def test_config_fields_that_size_an_allocation_have_a_range(assignment, message):
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     with pytest.raises(ConfigValueError, match=re.escape(message)):
         build_plan(config_for("indonli_large:cpu_test", assignment))
 

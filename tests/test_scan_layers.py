@@ -279,8 +279,8 @@ def test_unstack_and_stack_are_inverse_and_name_each_layer():
 
 @pytest.mark.parametrize("old,new", [(False, "none"), (True, "full"), ("dots_saveable", "dots_saveable")])
 def test_old_remat_values_plan(old, new):
-    from nli_jax.train import cli
-    from nli_jax.train.planner import build_plan
+    from nli_jax import cli
+    from nli_jax.planner import build_plan
     config = config_for()
     config.model.remat = old  # as an older config file assigns it
     assert build_plan(config, training=False).model.remat == new
@@ -291,7 +291,7 @@ def test_old_remat_values_plan(old, new):
 
 def test_unknown_remat_policy_is_refused():
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = config_for("indonli_large:cpu_test", "model.remat=partial")
     with pytest.raises(ConfigValueError, match="model.remat must be one of .*'dots_with_no_batch_dims_saveable'"):
         build_plan(config, training=False)
@@ -299,7 +299,7 @@ def test_unknown_remat_policy_is_refused():
 
 def test_an_old_workdir_with_remat_false_resumes(tmp_path):
     from nli_jax import workdir
-    from nli_jax.train.planner import build_plan, saved_config
+    from nli_jax.planner import build_plan, saved_config
     current = build_plan(config_for(), training=False).config_json
     assert current["model"]["remat"] == "none" and ["layers", None] in [list(r) for r in current["mesh"]["rules"]]
     # What an older nli-jax wrote: remat a boolean, no scan_layers key, no ("layers", None) rule.

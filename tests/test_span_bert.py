@@ -14,7 +14,7 @@ from conftest import REPO
 
 def test_span_lengths_are_geometric_clipped_at_ten_with_mean_3_8():
     from configs.pretrain import span_bert
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     rule = build_plan(span_bert.get_config("cpu_test"), training=False).task_options.masking_rule()
     n = np.arange(1, 11)
     expected = 0.2 * 0.8 ** (n - 1) / (1 - 0.8 ** 10)  # Geo(0.2) renormalised on 1..10
@@ -33,7 +33,7 @@ def test_spans_on_real_text_follow_the_rule_and_keep_words_whole(shared_data, tm
     from nli_jax.pretraining.masking import mask_batch
     from nli_jax.pretraining.vocab import train_vocabulary
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     files = [str(shared_data / "id_corpus_sample" / f) for f in ("frog_storytelling.txt", "detik_news_2025.txt")]
     vocab = train_vocabulary(files, str(tmp_path / "vocab"), vocab_size=4000)
     config = span_bert.get_config("phase=1")

@@ -125,7 +125,7 @@ def test_only_the_planner_reads_the_config():
     pattern = re.compile(r"config(\.[a-z_]+)*\.get\(")
     readers = sorted(str(path.relative_to(REPO)) for package in ("nli_jax", "finetune", "pretrain")
                      for path in (REPO / package).rglob("*.py") if pattern.search(path.read_text(encoding="utf-8")))
-    assert readers in ([], ["nli_jax/train/planner.py"]), readers
+    assert readers in ([], ["nli_jax/planner.py"]), readers
 
 
 def _functions(tree):
@@ -149,7 +149,7 @@ def test_every_config_override_the_docs_suggest_names_a_key():
     import re
     from configs import finetune_common
     from configs.pretrain.common import pretrain_config
-    from nli_jax.train.planner import has_key
+    from nli_jax.planner import has_key
     from nli_jax.tasks import TASKS
     configs = [*(finetune_common.base_config(task) for task in TASKS), pretrain_config("indobert-base", None)]
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

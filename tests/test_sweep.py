@@ -175,7 +175,7 @@ def _cell(lr, seed, validation=None, status="finished"):
 def test_selection_is_by_mean_validation_over_finished_seeds_ties_to_the_first():
     from conftest import config_for
     from finetune.sweep import summarize
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = build_plan(config_for("indonli_large", "eval_splits=('validation','test_lay')",
                                    "model.init=/ckpt/indobert-large-p2/"), training=False)
     cells = [_cell(1e-5, 1, 0.70), _cell(1e-5, 2, 0.80),  # mean 0.75

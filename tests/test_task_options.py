@@ -45,7 +45,7 @@ def _config(path: str, variant: str, sets=None):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_an_older_workdirs_config_is_todays_run(name, tmp_path):
     from nli_jax import workdir as workdir_lib
-    from nli_jax.train import planner
+    from nli_jax import planner
     plan = planner.build_plan(_config(*CASES[name], SET.get(name)), training=False)
     older = _older(name)
     # The workdir check a rerun makes: no difference, so the run resumes.
@@ -68,7 +68,7 @@ def test_an_older_workdirs_config_is_todays_run(name, tmp_path):
 
 
 def test_each_task_reads_its_own_options():
-    from nli_jax.train import planner
+    from nli_jax import planner
     plan = planner.build_plan(_config("configs/ocnli.py", "train_size=10k,cpu_test"), training=False)
     assert (plan.task_options.train_size, plan.task_options.hypothesis_only) == ("10k", False)
     from nli_jax.tasks import create_task
@@ -84,7 +84,7 @@ def test_each_task_reads_its_own_options():
 
 def test_a_missing_option_takes_its_default_and_an_unknown_one_is_refused():
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train import planner
+    from nli_jax import planner
     c = _config("configs/inferes.py", "cpu_test")
     del c.task_options["validation_seed"]
     assert planner.build_plan(c, training=False).task_options.validation_seed == 0

@@ -57,7 +57,7 @@ def test_tiny_run_compiles_for_a_v4_8_with_fsdp_as_the_rules_shard_it(tmp_path):
 
 def test_a_two_host_topology_compiles_the_step_each_host_runs(tmp_path):
     from configs import indonli_large
-    from nli_jax.train import aot
+    from nli_jax import aot
     report = aot.compile_run(indonli_large.get_config("cpu_test"), "v4-16", eval_step=False)
     assert (report["devices"], report["hosts"]) == (8, 2)
     train = report["train_step"]
@@ -94,13 +94,13 @@ def test_an_unknown_topology_is_one_line(tmp_path):
 def test_a_cpu_only_machine_does_not_start_libtpu():
     """With libtpu installed, a command line on a machine without TPU chips asks JAX for the CPU
     alone: none of libtpu's start-up lines on stderr (without it, they are there)."""
-    from nli_jax.train import platforms
+    from nli_jax.cli import platforms
     if platforms.tpu_chips_present():
         pytest.skip("this machine has TPU chips")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY",
                                                             "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
     probe = "import jax; print(jax.default_backend(), len(jax.devices()))"
-    skipped = subprocess.run([sys.executable, "-c", "from nli_jax.train import platforms; "
+    skipped = subprocess.run([sys.executable, "-c", "from nli_jax.cli import platforms; "
                               "assert platforms.skip_absent_tpu(); " + probe],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert skipped.returncode == 0, skipped.stderr
@@ -115,7 +115,8 @@ def test_a_cpu_only_machine_does_not_start_libtpu():
 def test_decisions_about_the_target_come_from_the_mesh_not_the_host():
     import jax
     import numpy as np
-    from nli_jax.train import aot, compilation
+    from nli_jax.train import compilation
+    from nli_jax import aot
     from nli_jax.train import mesh as mesh_lib
     devices = aot.topology("v4-8").devices()
     assert jax.default_backend() == "cpu"
@@ -167,7 +168,7 @@ def test_fsdp_keeps_activations_split_over_the_batch(tmp_path):
     (models.encoder.batch_sharded). Left to choose, XLA split them along their hidden dimension too
     and moved them at every layer: 2.11 GiB of temporaries against 0.61 data-parallel, 57
     all-reduces and 56 all-to-alls (a 4 x 256 BERT, 256 x 128 on a v4-8)."""
-    from nli_jax.train import aot
+    from nli_jax import aot
     from conftest import config_for
     steps = {}
     for mesh in ("{'data': 4}", "{'data': 1, 'fsdp': -1}"):

@@ -18,7 +18,7 @@ from nli_jax.train.optimizers import make_optimizer
 
 
 def one_step(step_param_dtype: str):
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import StepSetup
     config = config_for("indonli_large:cpu_test", f"model.step_param_dtype='{step_param_dtype}'", "optimizer.lr=1e-3",
                         "train.seed=0")
@@ -59,7 +59,7 @@ def test_bfloat16_step_parameters_keep_float32_master_weights():
 
 def test_a_from_scratch_vocabulary_is_padded_to_the_multiple():
     from nli_jax.checkpoints import load_tokenizer
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import encoder_config_for
     config = config_for("indonli_large:cpu_test", "model.vocab_multiple=128")
     plan = build_plan(config)
@@ -73,7 +73,7 @@ def test_a_from_scratch_vocabulary_is_padded_to_the_multiple():
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the TPU compiler (libtpu) is not installed")
 def test_bfloat16_step_parameters_halve_the_gradient_collectives_on_tpu():
-    from nli_jax.train import aot
+    from nli_jax import aot
     reports = {dtype: aot.compile_run(config_for("indonli_large:cpu_test", f"model.step_param_dtype={dtype}"),
                                       "v4-8", eval_step=False)["train_step"] for dtype in ("float32", "bfloat16")}
     reduced = {dtype: r["collectives"]["all-reduce"]["bytes"] for dtype, r in reports.items()}
@@ -109,7 +109,7 @@ def test_accumulation_shrinks_the_step_on_several_devices():
     than the whole batch at once: each
     device computes its own rows of each micro-batch (laid out micro-batch by micro-batch, the
     temporaries did not shrink: IndoBERT-large phase 2 needed 20.1 GiB with two against 17.7)."""
-    from nli_jax.train import aot
+    from nli_jax import aot
     temporaries = {}
     for accumulation in (1, 2):
         config = config_for("indonli_large:cpu_test", "model.preset=small-bert", "train.batch_size=512",
@@ -120,7 +120,7 @@ def test_accumulation_shrinks_the_step_on_several_devices():
 
 def test_the_attention_kernel_is_chosen_in_config():
     from nli_jax.checkpoints import load_tokenizer
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import encoder_config_for
     for choice in ("auto", "plain", "splash"):
         plan = build_plan(config_for("indonli_large:cpu_test", f"model.attention={choice}"))

@@ -39,7 +39,7 @@ def test_schedules():
 
 def test_warmup_from_ratio_and_intervals_in_the_step_plan():
     """warmup_ratio x total steps; validation once an epoch and a checkpoint at each by default."""
-    from nli_jax.train.planner import build_plan, step_plan
+    from nli_jax.planner import build_plan, step_plan
     plan = build_plan(config_for("indonli_large:cpu_test", "optimizer.warmup_steps=0", "optimizer.warmup_ratio=0.1",
                                  "train.num_epochs=3"))
     steps = step_plan(plan, 300)  # 18 steps of 16 per epoch

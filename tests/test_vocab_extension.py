@@ -90,7 +90,7 @@ def _continued_config(init, tokenizer, *assignments):
 
 def _models(config):
     """(the checkpoint as loaded, the run's grown model, the growth) as the run builds them."""
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import build_model, model_inputs
     plan = build_plan(config)
     checked = model_inputs(plan)
@@ -159,7 +159,7 @@ def test_a_tokenizer_that_moves_old_tokens_or_a_fine_tuning_run_is_refused(tiny_
     import shutil
 
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import model_inputs
     directory, _, _ = extended
     moved = tmp_path / "moved"

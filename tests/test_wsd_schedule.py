@@ -31,7 +31,7 @@ def expected(step, *, lr, total, warmup, decay_fraction, shape, final):
 def test_the_rate_at_every_step_is_the_trapezoid(shape, final, warmup):
     from configs.pretrain import crammed_wsd
     from nli_jax.train.optimizers import learning_rate_schedule
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = crammed_wsd.get_config("cpu_test")
     config.schedules.wsd.update(decay_shape=shape, final_fraction=final, decay_fraction=0.25)
     plan = build_plan(config, training=False)
@@ -48,7 +48,7 @@ def test_the_rate_at_every_step_is_the_trapezoid(shape, final, warmup):
 def test_its_options_are_checked_where_they_are_declared():
     from configs.pretrain import crammed_wsd
     from nli_jax.errors import ConfigValueError
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = crammed_wsd.get_config("cpu_test")
     config.schedules.wsd.update(decay_shape="square", decay_fraction=0.0)
     with pytest.raises(ConfigValueError, match=r"schedules.wsd.decay_fraction must be > 0.*; "
@@ -69,7 +69,7 @@ def _pretrain(workdir, variant, *flags, popen=False):
 def test_the_decay_alone_is_the_annealing_runs_schedule():
     from configs.pretrain import crammed_wsd
     from nli_jax.train.optimizers import learning_rate_schedule
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     config = crammed_wsd.get_config("cpu_test,anneal")
     config.model.init = "/a/pre_decay/export"  # required by the variant; nothing is read
     plan = build_plan(config, training=False)

@@ -15,8 +15,8 @@ from nli_jax.data import fixture_path
 from nli_jax.errors import RunError
 from nli_jax.plan import default_config
 from nli_jax.tasks import create_task, options_config
-from nli_jax.train import cli
-from nli_jax.train.planner import build_plan
+from nli_jax import cli
+from nli_jax.planner import build_plan
 from nli_jax.verbalizers import DEFAULTS, Verbalizer, check_template, parse_labels, verbalizer_for
 from nli_jax.zero_shot import ZeroShotModel, hypotheses, load_model, nli_columns, predictions_of, score_examples
 

@@ -90,7 +90,7 @@ def finetune_config(args, task: str, steps_or_epochs: str, init: str, tfds_dir: 
 def heldout_before(config, workdir: str) -> dict:
     """The checkpoint as loaded (fresh MLM/NSP heads where it has none), on the held-out split,
     through the loop's own set-up and jitted evaluation step."""
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     from nli_jax.train.setup import prepare
     run = prepare(build_plan(config), workdir)
     report = run.evaluate(run.params, "heldout").report

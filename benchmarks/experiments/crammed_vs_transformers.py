@@ -53,7 +53,8 @@ def crammed_config(vocab_dir: str, examples_dir: str, steps: int):
 
 
 def set_up(config, workdir: str):
-    from nli_jax.train import loop, planner
+    from nli_jax.train import loop
+    from nli_jax import planner
     plan = planner.build_plan(config)
     run, steps, train_source, _ = loop.checked_setup(plan, workdir)
     return plan, run, steps, train_source
@@ -110,7 +111,7 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
     state, train_step = loop.initial_state_and_step(run.steps, run.params, tx, schedule)
     if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
-        from nli_jax.train.tools import export
+        from nli_jax.tools import export
         export(run, state["params"], same_init_dir)
     model, optimizer = torch_side(run, plan, same_init_dir, seed)
     model.train()

@@ -141,7 +141,8 @@ def torch_heldout(model, run, source) -> dict:
 
 def run_transformers(config, workdir: str, eval_every: int) -> tuple[list[dict], float]:
     import torch
-    from nli_jax.train import loop, planner
+    from nli_jax.train import loop
+    from nli_jax import planner
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     plan = planner.build_plan(config)

@@ -9,7 +9,7 @@ import sys
 from absl import app
 
 import nli_jax.analysis
-from nli_jax.train.command_help import empty_path_problem, given_flags, list_command_flags
+from nli_jax.cli.command_help import empty_path_problem, given_flags, list_command_flags
 
 DEFAULT = "artifacts"
 
@@ -32,7 +32,7 @@ def main() -> None:
 
 
 def _paths_given(main):
-    """`main`, after a path flag given empty is refused in one line (nli_jax.train.command_help)."""
+    """`main`, after a path flag given empty is refused in one line (nli_jax.cli.command_help)."""
     def checked(argv):
         problem = empty_path_problem(given_flags())
         if problem is not None:

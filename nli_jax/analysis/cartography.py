@@ -37,7 +37,7 @@ def training_examples(workdir: str):
     """(plan, task, the examples the run trained on) from the run's config.json and data."""
     from nli_jax import workdir as workdir_lib
     from nli_jax.tasks import create_task
-    from nli_jax.train.planner import build_plan, saved_config
+    from nli_jax.planner import build_plan, saved_config
     from nli_jax.train.setup import training_examples as select
     config = saved_config(workdir)
     if config is None:
@@ -181,7 +181,7 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     from absl import app, flags
-    from nli_jax.train import cli
+    from nli_jax import cli
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS

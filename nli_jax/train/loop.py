@@ -1,6 +1,6 @@
 """train_and_evaluate(config, workdir): the one loop behind fine-tuning and pretraining.
 
-The config becomes a checked plan (nli_jax.train.planner); a run is then set up in an order
+The config becomes a checked plan (nli_jax.planner); a run is then set up in an order
 that makes bad input fail before compute, and nothing that would block the corrected command is
 written before every check has passed: workdir config -> tokenizer and model shape ->
 fingerprint of the tokenizer, model.init and task files -> dataset files (validated, written as
@@ -35,7 +35,7 @@ from nli_jax.train import budget
 from nli_jax.train import compilation
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
-from nli_jax.train import planner
+from nli_jax import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.optimizers import make_optimizer
@@ -44,7 +44,7 @@ from nli_jax.train.record import LoopRecord
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
 from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare
 from nli_jax.train.steps import PROBES, make_train_step
-from nli_jax.train.tools import export
+from nli_jax.tools import export
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -231,22 +231,17 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
                     best_evaluation = (step, evaluation)
             record = record.with_tokens(padding.totals())  # what results.json reports survives a resume
             final = step == steps.total_steps or record.stopped_early
-            if step in milestones:
-                pending = finite.check(pending)  # a diverged step is never exported
-                _export_milestone(run, state["params"], milestones[step], step)
             if step % steps.checkpoint_every == 0 or final or step in milestones:
-                pending = finite.check(pending)
+                pending = finite.check(pending)  # a diverged step is never saved nor exported
+                if step in milestones:
+                    _export_milestone(run, state["params"], milestones[step], step)
                 workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
-                for hook in hooks:
-                    hook.before_checkpoint(step)
-                ckpt.save(step, state, train_iter, record, final=final)
+                _save(ckpt, hooks, step, state, train_iter, record, final=final)
                 finite.saved(step)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=record.best_step, **run_state)
             if preemption.reached(step):
                 pending = finite.check(pending)
-                for hook in hooks:
-                    hook.before_checkpoint(step)
-                ckpt.save(step, state, train_iter, record, force=True)
+                _save(ckpt, hooks, step, state, train_iter, record, force=True)
                 ckpt.close()
                 workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=record.best_step, **run_state)
                 log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
@@ -263,6 +258,14 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
     if best_evaluation is not None and best_evaluation[0] == record.best_step:
         reused = {task.validation_split: best_evaluation[1]}
     return state, record, reused
+
+
+def _save(ckpt: Checkpointer, hooks: tuple, step: int, state, train_iter, record: LoopRecord, **kwargs) -> None:
+    """A checkpoint of `step`, the hooks' own records written before it (a resumed run records
+    exactly what an uninterrupted one does)."""
+    for hook in hooks:
+        hook.before_checkpoint(step)
+    ckpt.save(step, state, train_iter, record, **kwargs)
 
 
 def _export_milestone(run: RunSetup, params, name: str, step: int) -> str:

@@ -24,7 +24,8 @@ from nli_jax.models.config import EncoderConfig
 from nli_jax.plan import ModelPlan, RunPlan
 from nli_jax.pretraining.vocab_extension import VocabularyGrowth, grow_model, vocabulary_growth
 from nli_jax.tasks import Task, create_task
-from nli_jax.train import compilation, evaluation, planner
+from nli_jax.train import compilation, evaluation
+from nli_jax import planner
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train import sharding as sharding_lib

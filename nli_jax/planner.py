@@ -13,7 +13,7 @@ here and nowhere else, and every check of a run lives here, in the order a run m
 
 Every refusal is a `ConfigValueError` naming the key as the command line gives it
 (`--config.optimizer.lr=-0.001: optimizer.lr must be > 0`); all problems of a stage are
-reported at once, on one line. The command line's side (mistyped keys) is `nli_jax.train.cli`,
+reported at once, on one line. The command line's side (mistyped keys) is `nli_jax.cli`,
 using `config_keys` and `close_keys` from here.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 parameters (or a Hugging Face checkpoint) evaluated on its splits and on given files, used to
 predict on unlabelled input, or exported as a Hugging Face directory; and `export`, which the
 loop uses too. Every file is read and validated before any compute. The tools run on one or
-several processes alike (the command-line flags for several are nli_jax.train.cli's).
+several processes alike (the command-line flags for several are nli_jax.cli's).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from nli_jax.data.records import InMemorySource
 from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
 from nli_jax.train import inputs as inputs_lib
-from nli_jax.train import planner
+from nli_jax import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.reporting import log, setup_logging, write_json, write_jsonl

@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from nli_jax.errors import RunError
 from nli_jax.train import compilation
-from nli_jax.train.command_help import empty_path_problem, given_flags, list_command_flags
+from nli_jax.cli.command_help import empty_path_problem, given_flags, list_command_flags
 
 FLAGS = flags.FLAGS
 
@@ -101,10 +101,11 @@ def run(main) -> None:
     """app.run with one-line reports of config-key mistakes and input errors (exit status 1),
     and the persistent compilation cache (--compilation_cache) configured before main runs.
 
-    On a CPU-only machine, the host allocator is set first (nli_jax.train.host_memory: step
+    On a CPU-only machine, the host allocator is set first (nli_jax.cli.host_memory: step
     temporaries on transparent huge pages, which may re-execute the interpreter once): this must
     precede anything JAX runs."""
-    from nli_jax.train import host_memory, platforms
+    from nli_jax.cli import host_memory
+    from nli_jax.cli import platforms
     platforms.skip_absent_tpu()  # before JAX starts: no libtpu start-up on a CPU-only machine
     try:
         host_memory.configure()
@@ -136,7 +137,7 @@ def run_offline(main) -> None:
 def run_tool(main) -> None:
     """app.run for the corpus tools (plain absl flags, no config): input errors such as a
     missing file or too little disk space as one line, exit status 1."""
-    from nli_jax.train import platforms
+    from nli_jax.cli import platforms
     platforms.skip_absent_tpu()
     list_command_flags()
     app.run(_reporting_input_errors(main))
@@ -198,7 +199,7 @@ def _is_config_flag(flag) -> bool:
 def _config_key_problem(argv) -> str | None:
     """'unknown config key ...; did you mean ...' for the first --<config>.<key> override that
     names no field of its config file, or None."""
-    from nli_jax.train.planner import close_keys, config_keys, has_key
+    from nli_jax.planner import close_keys, config_keys, has_key
     for arg in argv[1:]:
         match = re.match(r"^--?(no)?(\w+)\.([^=]+)(=.*)?$", arg)
         if not match or match.group(2) not in FLAGS or not _is_config_flag(FLAGS[match.group(2)]):
@@ -273,7 +274,7 @@ def apply_overrides(config, assignments) -> None:
     closest ones (update_from_flattened_dict would add it)."""
     import ast
 
-    from nli_jax.train.planner import close_keys, config_keys, has_key
+    from nli_jax.planner import close_keys, config_keys, has_key
     updates = {}
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
@@ -298,7 +299,7 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
     if config is None:
         from nli_jax import storage
         from nli_jax.errors import RunError
-        from nli_jax.train.planner import saved_config
+        from nli_jax.planner import saved_config
         if not storage.isdir(checkpoint):
             raise FileNotFoundError(f"--checkpoint={checkpoint}: no such directory")
         config = saved_config(checkpoint)

@@ -316,7 +316,7 @@ def abstract_train_state(plan, params, param_shardings, mesh):
     shardings, those shardings, the step's run values) as the loop makes them."""
     import jax
     from nli_jax.train import mesh as mesh_lib
-    from nli_jax.train import planner
+    from nli_jax import planner
     from nli_jax.train.loop import train_state_shardings
     from nli_jax.train.optimizers import make_optimizer
     # The schedule's length (here: a training split of 1,000 batches) only changes constants of
@@ -346,7 +346,7 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     import jax
     from nli_jax.tasks import create_task
     from nli_jax.train import mesh as mesh_lib
-    from nli_jax.train import planner
+    from nli_jax import planner
     from nli_jax.train.loop import jit_train_step
     from nli_jax.train.setup import StepSetup, jit_eval_step
 

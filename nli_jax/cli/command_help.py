@@ -1,8 +1,8 @@
 """`--help` of every nli-jax command lists the flags it takes. absl's `--help` lists only the
 flags its main module defines, so a command whose flags live in a shared module (finetune.main's
---config and --workdir in nli_jax.train.cli, an analysis' in nli_jax.analysis.<name>) listed none;
+--config and --workdir in nli_jax.cli, an analysis' in nli_jax.analysis.<name>) listed none;
 `list_command_flags` makes every flag an nli-jax module defined a key flag of the main module.
-Called by the commands' launchers (nli_jax.train.cli.run / run_offline / run_tool and
+Called by the commands' launchers (nli_jax.cli.run / run_offline / run_tool and
 python -m nli_jax.analysis) before absl parses the command line."""
 from __future__ import annotations
 
