@@ -9,7 +9,7 @@ Rows (full mode): BERT-base MLM at 128 and 512 (the indobert-base preset: BERT-b
 layers, windows of 128, 50,368 pieces), and IndoNLI fine-tuning of IndoBERT-large at 128 (3
 labels). Models are drawn at random from the presets: nothing is downloaded, no data is read.
 
-nli-jax: the loop's own step (nli_jax.train.loop.initial_state_and_step, built by
+nli-jax: the loop's own step (nli_jax.train.compiled_step.initial_state_and_step, built by
 benchmarks.mlm_train_step.loop_step_fn: the state donated, in its shardings) with the plan of
 configs/pretrain/indobert_base.py (MLM rows: AdamW, clipping at 1.0) or configs/indonli_large.py
 (fine-tuning: Adam), the model computing in bfloat16 over float32 parameters; MLM logits at the

@@ -1,5 +1,5 @@
 """What recording training dynamics costs: the loop's own jitted train step
-(nli_jax.train.loop.initial_state_and_step) built with and without per-example outputs
+(nli_jax.train.compiled_step.initial_state_and_step) built with and without per-example outputs
 (hooks.dynamics), timed in alternating rounds on the same real batches, plus the
 recorder's host-side work per step (its fetch and write at each checkpoint).
 
@@ -40,7 +40,7 @@ def main():
     from nli_jax.data import pipeline
     from nli_jax.hooks import dynamics
     from nli_jax import planner
-    from nli_jax.train.loop import initial_state_and_step
+    from nli_jax.train.compiled_step import initial_state_and_step
     from nli_jax.train.optimizers import make_optimizer
     from nli_jax.train.setup import prepare, training_examples
 

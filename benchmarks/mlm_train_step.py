@@ -4,7 +4,7 @@
     python -m benchmarks.mlm_train_step --model tiny-bert --rounds 2 --steps 1   # smoke run
 
 Sides (--sides):
-  nli-jax              the pretraining loop's own step: nli_jax.train.loop.initial_state_and_step
+  nli-jax              the pretraining loop's own step: nli_jax.train.compiled_step.initial_state_and_step
                        (the state {params, opt_state, step} in its shardings, the jitted
                        make_train_step with the state donated) with the "pretraining" task and
                        the optimizer of configs/pretrain/indobert_base.py's plan.
@@ -47,7 +47,7 @@ from nli_jax.losses import weighted_cross_entropy  # noqa: E402
 from nli_jax.models import ForMaskedLM, make_rngs, preset  # noqa: E402
 from nli_jax.tasks import create_task  # noqa: E402
 from nli_jax.train import mesh as mesh_lib  # noqa: E402
-from nli_jax.train.loop import initial_state_and_step  # noqa: E402
+from nli_jax.train.compiled_step import initial_state_and_step  # noqa: E402
 from nli_jax.train.optimizers import make_optimizer  # noqa: E402
 from nli_jax.planner import build_plan  # noqa: E402
 from nli_jax.train.setup import StepSetup  # noqa: E402
@@ -217,7 +217,7 @@ def main():
               "optimizer": dataclasses.asdict(plan.optimizer), "rounds": args.rounds, "steps_per_round": args.steps,
               "jax": jax.__version__, "torch": torch.__version__ if torch else None,
               "torch_threads": torch.get_num_threads() if torch else None, "host_allocator": HOST_MALLOC,
-              "nli_jax_step": "nli_jax.train.loop.initial_state_and_step (make_train_step), pretraining task, "
+              "nli_jax_step": "nli_jax.train.compiled_step.initial_state_and_step (make_train_step), pretraining task, "
                               "donated state", "sides": {}}
     for name, timing in timings.items():
         result["sides"][name] = dict(timing.summary(), tokens_per_s=tokens / timing.median, step_times_s=timing.times)

@@ -2,7 +2,7 @@
 
 The TPU compiler ships in `libtpu` and needs no TPU: `jax.experimental.topologies` describes a
 slice's devices (all its hosts'), a mesh is laid over them, and the loop's own jitted train
-step (nli_jax.train.loop.jit_train_step) and evaluation step (setup.jit_eval_step) are lowered
+step (nli_jax.train.compiled_step.jit_train_step) and evaluation step (setup.jit_eval_step) are lowered
 with abstract inputs and compiled, as MaxText's train_compile.py and axlearn's
 run_aot_compilation do before a pod is booked. No data, no weights and no hub access: the model's
 shape comes from its preset, a local config.json or the published shape of a hub checkpoint
@@ -317,7 +317,7 @@ def abstract_train_state(plan, params, param_shardings, mesh):
     import jax
     from nli_jax.train import mesh as mesh_lib
     from nli_jax import planner
-    from nli_jax.train.loop import train_state_shardings
+    from nli_jax.train.compiled_step import train_state_shardings
     from nli_jax.train.optimizers import make_optimizer
     # The schedule's length (here: a training split of 1,000 batches) only changes constants of
     # the program, not its shape or cost.
@@ -347,7 +347,7 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     from nli_jax.tasks import create_task
     from nli_jax.train import mesh as mesh_lib
     from nli_jax import planner
-    from nli_jax.train.loop import jit_train_step
+    from nli_jax.train.compiled_step import jit_train_step
     from nli_jax.train.setup import StepSetup, jit_eval_step
 
     target = topology(topology_name)

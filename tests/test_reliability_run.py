@@ -164,8 +164,8 @@ def corrupting_step(monkeypatch, at_step):
     import jax
     import jax.numpy as jnp
 
-    from nli_jax.train import loop
-    real = loop.TrainStep.__call__
+    from nli_jax.train import compiled_step
+    real = compiled_step.TrainStep.__call__
 
     def call(self, state, batch):
         state, metrics = real(self, state, batch)
@@ -173,7 +173,7 @@ def corrupting_step(monkeypatch, at_step):
             state = dict(state, params=jax.tree.map(lambda x: x * jnp.nan, state["params"]))
             metrics = dict(metrics, loss_sum=metrics["loss_sum"] * jnp.nan)
         return state, metrics
-    monkeypatch.setattr(loop.TrainStep, "__call__", call)
+    monkeypatch.setattr(compiled_step.TrainStep, "__call__", call)
 
 
 SHORT = ("train.max_steps=6", "train.checkpoint_every_steps=2", "train.eval_every_steps=2", "train.keep_checkpoints=5",
@@ -185,7 +185,8 @@ def test_a_step_with_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(t
                                                                                log_every):
     """Before: the loss went nan and the run trained on to "finished" (rc 0). Caught at the log
     step (log_every 1) or, when no log step comes first (50), before the next checkpoint."""
-    from nli_jax.train.loop import NonFiniteStepError, train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate
+    from nli_jax.train.step_checks import NonFiniteStepError
     corrupting_step(monkeypatch, at_step=3)
     workdir = tmp_path / "work"
     with pytest.raises(NonFiniteStepError) as info:

@@ -13,7 +13,7 @@ from conftest import config_for, optimizer_plan, task_for
 from nli_jax.data import pipeline
 from nli_jax.models import ForSequenceClassification, make_rngs, preset
 from nli_jax.train import mesh as mesh_lib
-from nli_jax.train.loop import initial_state_and_step
+from nli_jax.train.compiled_step import initial_state_and_step
 from nli_jax.train.optimizers import make_optimizer
 
 

@@ -9,8 +9,8 @@ ModernBertForMaskedLM (issue 41, item 4).
 Data: as benchmarks.experiments.pretrain_vs_transformers (id_corpus_sample, a 2,000-piece
 WordPiece vocabulary, 32-token examples, built once under --workdir).
 
-nli-jax: the run's own set-up (loop.checked_setup), its own training batches (loop.train_batches:
-shuffling and 30% masking) and its own compiled train step (loop.initial_state_and_step) with the
+nli-jax: the run's own set-up (loop.checked_setup), its own training batches (compiled_step.train_batches:
+shuffling and 30% masking) and its own compiled train step (compiled_step.initial_state_and_step) with the
 recipe's optimizer over --steps: AdamW 1e-3 (b2 0.98, eps 1e-12, decay 0.01 on kernels and
 embeddings), the one-cycle triangle, the batch ramp (an update every k steps on the mean gradient,
 k from 1 to 4 at 60% of the run), clipping at 0.5.
@@ -56,7 +56,7 @@ def set_up(config, workdir: str):
     from nli_jax.train import loop
     from nli_jax import planner
     plan = planner.build_plan(config)
-    run, steps, train_source, _ = loop.checked_setup(plan, workdir)
+    run, _, steps, train_source, _ = loop.checked_setup(plan, workdir)
     return plan, run, steps, train_source
 
 
@@ -102,21 +102,21 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
     import jax
     import torch
     from nli_jax.data import pipeline
-    from nli_jax.train import loop
+    from nli_jax.train import compiled_step
     from nli_jax.train.batch_ramp import ramp_schedule
     from nli_jax.train.optimizers import make_optimizer
     torch.set_num_threads(os.cpu_count())
     total = steps.total_steps
     tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=total,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
-    state, train_step = loop.initial_state_and_step(run.steps, run.params, tx, schedule)
+    state, train_step = compiled_step.initial_state_and_step(run.steps, run.params, tx, schedule)
     if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
         from nli_jax.tools import export
         export(run, state["params"], same_init_dir)
     model, optimizer = torch_side(run, plan, same_init_dir, seed)
     model.train()
     k = ramp_schedule(plan.batch_ramp, total)
-    batches = iter(loop.train_batches(run, train_source, total).iterator(0))
+    batches = iter(compiled_step.train_batches(run, train_source, total).iterator(0))
     out = {"nli-jax": [], "transformers": [], "lr": [], "update": [], "seconds": {"nli-jax": 0.0, "transformers": 0.0}}
     accumulated = 0
     for step in range(total):

@@ -141,15 +141,15 @@ def torch_heldout(model, run, source) -> dict:
 
 def run_transformers(config, workdir: str, eval_every: int) -> tuple[list[dict], float]:
     import torch
-    from nli_jax.train import loop
+    from nli_jax.train import compiled_step, loop
     from nli_jax import planner
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     plan = planner.build_plan(config)
-    run, steps, train_source, _ = loop.checked_setup(plan, workdir)
+    run, _, steps, train_source, _ = loop.checked_setup(plan, workdir)
     model, optimizer, scheduler = torch_model_and_optimizer(run, plan)
     model.train()
-    batches = iter(loop.train_batches(run, train_source).iterator(plan.data.workers))
+    batches = iter(compiled_step.train_batches(run, train_source).iterator(plan.data.workers))
     rows, start = [], time.time()
     for step in range(1, steps.total_steps + 1):
         batch = next(batches)

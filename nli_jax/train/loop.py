@@ -14,14 +14,10 @@ predictions.jsonl. What a run does besides (training dynamics, calibration) are 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import os
 
 import jax
 import numpy as np
-import optax
 
 from nli_jax import hooks as run_hooks
 from nli_jax import storage
@@ -34,7 +30,6 @@ from nli_jax.tasks.base import PER_EXAMPLE
 from nli_jax.train import budget
 from nli_jax.train import compilation
 from nli_jax.train import inputs as inputs_lib
-from nli_jax.train import mesh as mesh_lib
 from nli_jax import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
@@ -42,8 +37,10 @@ from nli_jax.train.optimizers import make_optimizer
 from nli_jax.train.preemption import Preempted, Preemption
 from nli_jax.train.record import LoopRecord
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
-from nli_jax.train.setup import RunSetup, StepSetup, model_inputs, prepare
-from nli_jax.train.steps import PROBES, make_train_step
+from nli_jax.train.setup import RunSetup, model_inputs, prepare
+from nli_jax.train.compiled_step import initial_state_and_step, one_batch_per_shape, train_batches, train_step_for
+from nli_jax.train.step_checks import FiniteSteps, Padding
+from nli_jax.train.steps import PROBES
 from nli_jax.tools import export
 
 
@@ -193,7 +190,7 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
     state, record = _resume(ckpt, state, train_iter)
     steps, train_step, record = _budgeted(run, hooks, steps, record, state, train_step, batches)
     step = int(jax.device_get(state["step"]))
-    train_step.compile_ahead(state, _one_batch_per_shape(run, batches, step, steps.total_steps))
+    train_step.compile_ahead(state, one_batch_per_shape(run, batches, step, steps.total_steps))
     for hook in hooks:
         hook.start(step)
     run_state = {"total_steps": steps.total_steps}
@@ -206,8 +203,8 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
     # Parameters the schedule marks (WSD's pre-decay ones): checkpointed and exported at their step.
     milestones = {at: name for name, at in plan.schedule.milestones(steps.total_steps, steps.warmup_steps).items()}
     best_evaluation = None  # (step, SplitEvaluation) of the best evaluation made in this process
-    pending, padding = [], _Padding(record.train_tokens)
-    finite = _FiniteSteps(run.workdir, ckpt, step, run_state, lambda: record.best_step)
+    pending, padding = [], Padding(record.train_tokens)
+    finite = FiniteSteps(run.workdir, ckpt, step, run_state, lambda: record.best_step)
     with Preemption(ckpt.reached_preemption, check_every=steps.log_every) as preemption, finite.stops(reporter):
         while step < steps.total_steps and not record.stopped_early:
             local = next(train_iter)
@@ -298,133 +295,6 @@ def _hook_outputs(hooks) -> dict:
     return {"per_example": any(h.per_example_outcomes for h in hooks), "probes": run_hooks.step_probes(hooks)}
 
 
-def initial_state_and_step(steps: StepSetup, params, tx, schedule, *, per_example: bool = False, probes: tuple = ()):
-    """The train state {params, opt_state, step} in its shardings, and the jitted train step
-    (state donated; `per_example`: its metrics hold the examples' outcomes, for a hook such as
-    training dynamics; `probes`: the hooks' in-step probes). The seed and the peak learning rate (for a tx made with
-    make_optimizer(unit_peak=True)) are inputs of the compiled step, not constants: runs that
-    differ only in them share its program. The loop's own; benchmarks time it."""
-    replicated = mesh_lib.replicated(steps.mesh)
-    shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
-    opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
-    state = {"params": params, "opt_state": opt_state, "step": mesh_lib.put_global(np.int32(0), replicated)}
-    return state, train_step_for(steps, tx, schedule, params, per_example=per_example, probes=probes)
-
-
-def train_step_for(steps: StepSetup, tx, schedule, params, *, per_example: bool = False,
-                   probes: tuple = ()) -> "TrainStep":
-    """The jitted train step of `tx` and `schedule` (compiled at its first call) with the run's
-    seed and peak learning rate bound (initial_state_and_step's; `params` may be abstract)."""
-    replicated = mesh_lib.replicated(steps.mesh)
-    shardings = train_state_shardings(tx, params, steps.param_shardings, steps.mesh)
-    compiled = jit_train_step(steps, tx, schedule, shardings, per_example=per_example, probes=probes)
-    run_values = {"seed": mesh_lib.put_global(np.uint32(steps.plan.seed), replicated),
-                  "lr": mesh_lib.put_global(np.float32(steps.plan.optimizer.lr), replicated)}
-    return TrainStep(compiled, run_values)
-
-
-def train_state_shardings(tx, params, param_shardings, mesh) -> dict:
-    """Shardings of the train state {params, opt_state, step}: Adam's moments follow their
-    parameter's sharding; counts and other scalars are replicated. `params` may be abstract."""
-    replicated = mesh_lib.replicated(mesh)
-    opt_shardings = optax.tree_map_params(
-        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), param_shardings,
-        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    return {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
-
-
-def jit_train_step(steps: StepSetup, tx, schedule, state_shardings, *, per_example: bool = False,
-                   probes: tuple = ()):
-    """The run's train step under jit: (state, batch, run_values {seed, lr}) -> (state, metrics),
-    state donated; micro-batches, their layout and the step's parameter dtype from the plan. The
-    one the loop runs and launch.compile compiles for a TPU topology."""
-    batch, dtype = steps.plan.batch, steps.plan.model.step_param_dtype
-    replicated = mesh_lib.replicated(steps.mesh)
-    return jax.jit(make_train_step(steps.graphdef, steps.rest, steps.task, tx, schedule, seed=None,
-                                   accumulation_steps=batch.accumulation, per_example=per_example, probes=probes,
-                                   step_param_dtype=None if dtype == "float32" else dtype,
-                                   data_parallel=batch.accumulation_shards),
-                   in_shardings=(state_shardings, steps.batch_sharding, replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-
-
-class TrainStep:
-    """The jitted train step with the run's seed and learning rate bound: step(state, batch) ->
-    (state, metrics). `compile_ahead` compiles it for the shapes the run's batches will take,
-    in background threads, before they are needed (XLA compiles with the GIL released, so two
-    shapes compile side by side on two cores); a step then waits for its shape's compilation
-    rather than starting a second one."""
-
-    def __init__(self, jitted, run_values: dict):
-        self.jitted, self.run_values = jitted, run_values
-        self._ahead: dict = {}  # shape key -> Future of its compilation
-
-    def __call__(self, state, batch):
-        pending = self._ahead.pop(_shape_key(batch), None) if self._ahead else None
-        if pending is not None:
-            pending.result()  # its compilation's error, if any, is raised here
-        return self.jitted(state, batch, self.run_values)
-
-    def compile_ahead(self, state, batches: list[dict]) -> None:
-        """Compiles the step for each batch's shapes (global arrays; in order of first use).
-        The programs land in the jit's own cache (and the persistent cache, when on)."""
-        if len(batches) < 2:
-            return  # one shape: the first step compiles it as soon as anything could
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-        abstract_state = abstract_like(state)
-        # Tracing holds the GIL: shapes traced side by side all finish late. One at a time (in
-        # order of first use), the first shape's XLA compilation starts after one trace.
-        tracing = threading.Lock()
-
-        def compile_shape(abstract):
-            with tracing:
-                lowered = self.jitted.lower(abstract_state, abstract, self.run_values)
-            return lowered.compile()
-
-        pool = ThreadPoolExecutor(max_workers=min(len(batches), os.cpu_count() or 1),
-                                  thread_name_prefix="compile_ahead")
-        for batch in batches:
-            self._ahead[_shape_key(batch)] = pool.submit(compile_shape, abstract_like(batch))
-        pool.shutdown(wait=False)
-
-
-def _shape_key(batch: dict) -> tuple:
-    return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
-
-
-def train_batches(run: RunSetup, train_source, total_steps: int | None = None) -> pipeline.TrainingBatches:
-    """This process's rows of each global training batch (a checkpointable grain iterable).
-    Several processes: each pads (or packs) its rows to the shape the whole global batch needs,
-    known from every example's length (gathered once here), so shapes agree with no per-step exchange.
-    Packed batches: the run's step shapes are planned from those lengths (data.compile_cost_tokens)."""
-    batch, pc, pi = run.plan.batch, run.plan.batch.processes, run.plan.batch.process_index
-    plans_shapes = run.batching.packing_groups and run.plan.data.compile_cost_tokens > 0
-    lengths = (pipeline.encoded_lengths(train_source, run.encode, pi, pc)
-               if (pc > 1 and run.batching.needs_global_lengths) or plans_shapes else None)
-    batches = pipeline.training_batches(train_source, run.encode, run.batching, local_batch_size=batch.local_batch,
-                                        seed=run.plan.seed, num_epochs=run.plan.train.num_epochs, process_index=pi,
-                                        process_count=pc, lengths=lengths,
-                                        compile_cost_tokens=run.plan.data.compile_cost_tokens, steps=total_steps,
-                                        micro_batches=batch.accumulation, shards=batch.accumulation_shards // pc)
-    if batches.plan is not None:
-        log.info("training steps: %s (data.compile_cost_tokens=%d)", batches.plan.describe(),
-                 run.plan.data.compile_cost_tokens)
-    return batches
-
-
-def _one_batch_per_shape(run: RunSetup, batches: pipeline.TrainingBatches, step: int, total_steps: int) -> list[dict]:
-    """A global batch of each packed shape the steps from `step` on will take, in order of first
-    use (none when the shapes were not planned)."""
-    if batches.plan is None:
-        return []
-    remaining = batches.plan.per_step[step:total_steps]
-    first = {}
-    for offset, shape in enumerate(remaining):
-        first.setdefault(shape, step + offset)
-    return [pipeline.to_global(batches.batches[b], run.batch_sharding) for b in first.values()]
-
-
 def _resume(ckpt: Checkpointer, state, train_iter):
     """(state, the loop's record): from the newest intact checkpoint, or the fresh ones."""
     try:
@@ -458,56 +328,6 @@ def _log_start(run: RunSetup, steps: StepPlan, params, train_examples: int) -> N
     if run.batching.eval_packing_groups:
         log.info("evaluation batches packed (data.packing): rows of %d examples' tokens at most, in %d group(s) "
                  "per process", run.plan.batch.local_eval_batch, run.batching.eval_packing_groups)
-
-
-class NonFiniteStepError(RunError):
-    """A training step whose loss or gradient norm is NaN or Inf: the run stops, marked failed."""
-
-
-class _FiniteSteps:
-    """The loop's check that every step's loss and gradient norm are finite, made on metrics it
-    fetches anyway (log steps) and before each evaluation and checkpoint, so a diverged step is
-    never saved. `stops` turns the first bad step into one line naming it: the checkpoints
-    written before it are kept, and run.json says "failed" (never "finished")."""
-
-    def __init__(self, workdir: str, ckpt: Checkpointer, step: int, run_state: dict, best_step):
-        self.workdir, self.ckpt, self.run_state, self.best_step = workdir, ckpt, run_state, best_step
-        self.last_saved = step if step else None  # a resumed run's checkpoint
-
-    def saved(self, step: int) -> None:
-        self.last_saved = step
-
-    def check(self, pending: list) -> list:
-        """[(step, metrics)] fetched to the host (device_get: a no-op for fetched values), or a
-        NonFiniteStepError naming the first step whose loss or gradient norm is not finite."""
-        fetched = list(zip([s for s, _ in pending], jax.device_get([m for _, m in pending])))
-        for step, metrics in fetched:
-            bad = {k: float(metrics[k]) for k in ("loss_sum", "grad_norm") if k in metrics
-                   and not np.isfinite(metrics[k])}
-            if bad:
-                what = " and ".join(f"{'loss' if k == 'loss_sum' else 'gradient norm'} {v}" for k, v in bad.items())
-                raise NonFiniteStepError(step, what)
-        return fetched
-
-    @contextlib.contextmanager
-    def stops(self, reporter: Reporter):
-        try:
-            yield
-        except NonFiniteStepError as e:
-            step, what = e.args
-            self.ckpt.wait()
-            self.ckpt.close()
-            reporter.close()
-            workdir_lib.write_state(self.workdir, "failed", step=step, last_checkpoint=self.last_saved,
-                                    best_step=self.best_step(), reason=f"step {step}: {what}",
-                                    **self.run_state)
-            kept = (f"its last checkpoint, step {self.last_saved}, was written before it and is kept"
-                    if self.last_saved else "no checkpoint was written before it")
-            raise NonFiniteStepError(
-                f"training step {step} of {self.run_state['total_steps']} computed {what}: the run diverged and "
-                f"stopped; {kept} (nothing after it was saved) and {self.workdir}/{workdir_lib.RUN_STATE_FILE} "
-                "says failed. Lower optimizer.lr or set optimizer.grad_clip (a new --workdir), or check model.init "
-                "and the data") from None
 
 
 def _report(reporter: Reporter, pending: list, step: int, steps: StepPlan) -> None:
@@ -558,30 +378,3 @@ def _validate(run: RunSetup, ckpt: Checkpointer, reporter: Reporter, state, step
     log.info("eval step %d: %s %s %.4f (best %.4f at step %d)%s", step, task.validation_split, task.primary_metric,
              metric, record.best_metric, record.best_step, " -> early stop" if record.stopped_early else "")
     return evaluation, record
-
-
-class _Padding:
-    """Tokens the steps computed on against real ones (from `restored`, the counts a resumed run
-    had saved), and a digest of this invocation's padded length per step (processes that agree
-    on every step's shape print the same digest)."""
-
-    def __init__(self, restored: dict | None = None):
-        self.lengths, self.per_length = hashlib.sha1(), {}
-        self.real, self.padded = int((restored or {}).get("real", 0)), int((restored or {}).get("computed", 0))
-
-    def totals(self) -> dict:
-        return {"computed": self.padded, "real": self.real}
-
-    def count(self, shape, real_tokens: int) -> None:
-        rows, length = (int(n) for n in shape)
-        self.lengths.update(length.to_bytes(4, "little"))
-        self.per_length[length] = self.per_length.get(length, 0) + 1
-        self.real += real_tokens
-        self.padded += rows * length
-
-    def log(self) -> None:
-        if self.per_length and self.real:
-            log.info("process %d: padded length per step sha1 %s (%s steps at each length); %.3f padded tokens per "
-                     "real token", jax.process_index(), self.lengths.hexdigest()[:12],
-                     ", ".join(f"{n}: {c}" for n, c in sorted(self.per_length.items())),
-                     (self.padded - self.real) / self.real)
