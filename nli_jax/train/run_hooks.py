@@ -2,9 +2,10 @@
 run or a tool from the plan, or left out where the plan does not ask for it."""
 from __future__ import annotations
 
-from nli_jax.train import calibrate, dynamics
+from nli_jax.train import calibrate, dynamics, overlap
 
-HOOKS = (dynamics.DynamicsHook, calibrate.CalibrationHook)
+# The overlap check first: it may refuse the run before the others write anything.
+HOOKS = (overlap.OverlapHook, dynamics.DynamicsHook, calibrate.CalibrationHook)
 
 
 def for_training(run, train_source) -> list:
