@@ -6,7 +6,8 @@ TRAIN's: the same text or a shared 8-word sequence).
 Each argument is a file or, with --task (and --source), a split of that task:
 
     python -m nli_jax.analysis overlap --task=indonli --source=../shared/data/indonli train validation
-    python -m nli_jax.analysis overlap --task=smsa ../shared/data/indonlu/smsa_doc-sentiment-prosa/train_preprocess.tsv \\
+    python -m nli_jax.analysis overlap --task=smsa \\
+        ../shared/data/indonlu/smsa_doc-sentiment-prosa/train_preprocess.tsv \\
         --eval_task=nusax ../shared/data/nusax/sentiment/indonesian/valid.csv
 
 A file is read by its task's reader (--task for TRAIN, --eval_task for the others, default
@@ -92,7 +93,8 @@ def main(argv) -> None:
     if len(argv) < 3:
         sys.exit("nli_jax.analysis overlap: error: give TRAIN and at least one EVAL (files, or split names with --task)")
     try:
-        counts = compare(argv[1], argv[2:], task=FLAGS.task, eval_task=FLAGS.eval_task, source=FLAGS.source, n=FLAGS.n)
+        counts = compare(argv[1], argv[2:], task=FLAGS.task, eval_task=FLAGS.eval_task, source=FLAGS.source,
+                         n=FLAGS.n)
     except cli.user_errors() + (ValueError,) as e:
         sys.exit(f"nli_jax.analysis overlap: error: {' '.join(str(e).split())}")
     if FLAGS.output:
