@@ -15,7 +15,7 @@ languages, score T as validation_T / test_T), cpu_test (the tiny model; point da
 copy).
 """
 from configs import finetune_common
-from configs.indonlu import MODELS
+from configs import indonlu
 from nli_jax.tasks.nusax import LANGUAGES
 
 
@@ -43,21 +43,8 @@ def get_config(arg=None):
         c.task_options.eval_languages = "all" if transfer else ""
     evaluated = LANGUAGES if transfer else (target,) if target else ()
     c.eval_splits = ("validation", "test") + transfer_splits(evaluated)
-    init, lr = MODELS.get(model, (model, 2e-5))  # a checkpoint of its own: the middle of IndoNLU's range
-    c.model.init = init
     c.data.max_seq_length = 128
-    c.optimizer.name = "adam"
-    c.optimizer.lr = lr
-    c.optimizer.schedule = "exponential_per_epoch"
-    c.optimizer.decay_rate = 0.9
-    c.optimizer.grad_clip = 10.0
-    c.train.seed = 42
-    c.train.batch_size = 16
-    c.train.num_epochs = 25
-    c.train.early_stopping_patience = 12
-    if model == "scratch":
-        c.model.preset = "scratch-2layer"
-        c.model.tokenizer = "indobenchmark/indobert-base-p1"
+    indonlu.apply_recipe(c, model)
     if cpu_test:  # a few steps of the tiny model; point data.source at a local copy
         finetune_common.apply_cpu_test(c)
         c.optimizer.lr = 1e-3

@@ -68,6 +68,14 @@ def language_configs(model: str, source: str, languages, overrides=(), cpu_test=
     return configs
 
 
+def described_model(model: str, configs: dict) -> str:
+    """--model as the tables name it, with what the runs build when that is not its checkpoint
+    (--cpu_test or a model.init / model.preset override)."""
+    built = sorted({c.model.init or f"preset {c.model.preset} from scratch" for c in configs.values()})
+    named = nusax_config.indonlu.MODELS.get(model, (model,))[0]
+    return f"`{model}`" + ("" if built == [named] else f" (run: {'; '.join(built)})")
+
+
 def _score(runs, language, seed, split):
     report = runs.get(language, {}).get(seed, {}).get("splits", {}).get(split)
     return None if report is None else report["f1"]
@@ -129,7 +137,8 @@ def write_transfer(workdir: str, runs: dict[str, dict], model: str, seeds=()) ->
             f"scored on the target (column){spread}; the diagonal is in-language.\n\n" + "\n\n".join(blocks) + "\n")
     storage.write_text(storage.under(workdir, "transfer.md"), text)
     split = "validation" if "validation" in matrices else next(iter(matrices))
-    plot_matrix(matrices[split], storage.under(workdir, "transfer.png"), f"NusaX-Senti {split} macro-F1, {model}")
+    plot_matrix(matrices[split], storage.under(workdir, "transfer.png"),
+                f"NusaX-Senti {split} macro-F1, {model.replace('`', '')}")
     return text
 
 
@@ -181,6 +190,7 @@ def run_benchmark(model: str, workdir: str, source: str, languages, overrides=()
     check_tool_output(workdir, "--workdir")
     configs = language_configs(model, source, languages, overrides, cpu_test, transfer)
     base = os.path.join(workdir, "transfer") if transfer else workdir
+    model = described_model(model, configs)
     runs, seconds, failures = {}, {}, []
     for language, config in configs.items():
         runs[language], seconds[language] = {}, 0.0

@@ -112,6 +112,9 @@ class DataPlan:
     # `python -m nli_jax.analysis cartography` writes): train on those only.
     train_subset: str = _str()
     allow_one_label: bool = _bool(False)  # a training split whose examples all carry one label is refused unless True
+    # An evaluation split sharing text with the training examples beyond nli_jax.hooks.overlap.MAX_SHARE
+    # is refused unless True (then its overlapping examples are also scored apart: "clean").
+    allow_overlap: bool = _bool(False)
     # grain worker processes reading and batching training data (fine-tuning and pretraining); each
     # holds the tokenizer, the data source's readers and its prefetched batches: about 0.3 GiB on
     # the cpu_test config (measured peak RSS 0.29 GiB per worker, 0.77 GiB the main process).

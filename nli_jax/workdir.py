@@ -41,7 +41,9 @@ class WorkdirLockedError(RunError):
 CONFIG_FILE = "config.json"
 UNREADABLE_DIR = "checkpoints_unreadable"
 # Keys that may change between a run and its resumption without changing what is computed.
-RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "data.tfds_dir")
+# data.allow_overlap only lets a run whose evaluation overlaps its training data go on (and scores the
+# overlap apart): a run started before the check existed resumes with it set.
+RESUMABLE_CHANGES = ("train.log_every_steps", "data.workers", "data.tfds_dir", "data.allow_overlap")
 
 
 class WorkdirConfigError(RunError):

@@ -273,7 +273,9 @@ def test_a_training_split_of_one_label_is_refused_unless_allowed(tmp_path):
                                                r"--config.data.allow_one_label=True"):
         train(tmp_path / "run", f"data.source={source}", *SHORT)
     assert not (tmp_path / "run" / "config.json").exists()
-    results = train(tmp_path / "allowed", f"data.source={source}", "data.allow_one_label=True", "train.batch_size=8",
+    # (validation is the first training rows: allowed past the overlap check too)
+    results = train(tmp_path / "allowed", f"data.source={source}", "data.allow_one_label=True",
+                    "data.allow_overlap=True", "train.batch_size=8",
                     "train.max_steps=2", "eval_splits=('validation',)", "optimizer.warmup_steps=0")
     assert results["splits"]["validation"]["count"] == 6
 
@@ -288,7 +290,8 @@ def test_tagging_words_past_max_seq_length_are_counted_and_reported(tmp_path):
     for name in ("train_preprocess.txt", "valid_preprocess.txt"):
         (source / name).write_text("\n\n".join("\n".join(s) for s in sentences) + "\n", encoding="utf-8")
     results = train(tmp_path / "run", f"data.source={source}", "data.max_seq_length=16", "train.max_steps=2",
-                    "eval_splits=('validation',)", spec="indonlu:task=nerp,cpu_test")
+                    "eval_splits=('validation',)", "data.allow_overlap=True",  # validation = train
+                    spec="indonlu:task=nerp,cpu_test")
     validation = results["splits"]["validation"]
     assert validation["words"] == sum(len(s) for s in sentences)
     assert 0 < validation["words_not_seen"] < validation["words"]

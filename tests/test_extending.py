@@ -53,6 +53,7 @@ def test_the_documented_task_trains_and_evaluates_through_the_loop(tmp_path):
         config.train.num_epochs = 3
         config.train.batch_size = 16
         config.optimizer.lr = 1e-3
+        config.data.allow_overlap = True  # 4 names x 4 acts: every dev pair is in train (the overlap check)
         results = train_and_evaluate(config, str(tmp_path / "run"))
     finally:
         TASKS.pop("paraphrase", None)

@@ -43,12 +43,30 @@ def differences(then: dict, now: dict) -> list[str]:
     return out
 
 
+# What changed on purpose since 5272312, by recipe: the overlap check (issue 49) lets the two corpora
+# whose official evaluation splits repeat their training text run as published.
+INTENDED = {"configs/inferes.py": {"data.allow_overlap": True}, "configs/indonlu.py:task=terma": {"data.allow_overlap": True}}
+
+
+def _intended(recipe: str) -> dict:
+    path, variant = recipe.split(":", 1)
+    out = dict(INTENDED.get(path, {}))
+    for key, changes in INTENDED.items():
+        if ":" in key and recipe.startswith(key) and (recipe == key or recipe[len(key)] == ","):
+            out.update(changes)
+    return out
+
+
 @pytest.mark.parametrize("recipe", sorted(RESOLVED))
 def test_the_recipe_resolves_as_it_did(recipe):
     path, variant = recipe.split(":", 1)
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
     now = module.get_config(variant or None).to_dict()
-    assert differences(RESOLVED[recipe], now) == []
+    intended = _intended(recipe)
+    found = differences(RESOLVED[recipe], now)
+    assert [d for d in found if d.split(":", 1)[0] not in intended] == []
+    for key, value in intended.items():  # each intended change is there, with its value
+        assert _flat(now)[key] == value, (recipe, key)
 
 
 def test_a_recipe_is_its_parent_and_its_overrides():

@@ -142,6 +142,11 @@ class Task(abc.ABC):
         theirs themselves), for the workdir's fingerprint of its inputs."""
         return []
 
+    def split_file(self, split: str) -> str | None:
+        """The file(s) a split was read from, for messages that name them (the overlap check);
+        None when the task cannot tell."""
+        return None
+
     def read_file(self, path: str, *, labelled: bool = True) -> list[dict]:
         """Examples of one file in the task's own format, for evaluate (labelled) and predict
         (labelled=False: gold fields may be absent; labels None / -1)."""

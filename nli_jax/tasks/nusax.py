@@ -162,6 +162,14 @@ class NusaXSenti(ClassificationTask):
     def read_file(self, path, *, labelled=True):
         return read_file(path, labelled=labelled)
 
+    def split_file(self, split):
+        name, _, language = split.partition("_")
+        if name not in SPLIT_FILES:
+            return None
+        directory = language_directory(self.data.source) if self.data.source else "<download>"
+        languages = (language,) if language else self.options.trained
+        return ", ".join(os.path.join(directory, lang, SPLIT_FILES[name]) for lang in languages)
+
     def possible_splits(self):
         return set(SPLIT_FILES) | {f"{split}_{lang}" for split in ("validation", "test") for lang in LANGUAGES}
 
