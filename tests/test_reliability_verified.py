@@ -412,3 +412,72 @@ def test_the_library_on_a_machine_without_tpu_chips_does_not_start_libtpu(order)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["cpu", "cpu", "cpu"], (proc.stdout, proc.stderr[-2000:])
     assert "libtpu" not in proc.stderr and "TPU" not in proc.stderr, proc.stderr[-2000:]
+
+
+# --- the array_record copy of the data is verified too ------------------------------------------
+
+def _examples(flip=0, n=60):
+    return {"train": [{"idx": i, "label": (i + flip) % 3, "text": f"kalimat {i}"} for i in range(n)]}
+
+
+def _version_dir(data_dir):
+    return next(p for p in data_dir.rglob("1.0.0") if p.is_dir())
+
+
+def test_a_cache_built_from_other_files_in_this_ones_place_is_rebuilt(tmp_path, nli_log):
+    """A cache built from label-flipped IndoNLI, placed where the real IndoNLI's goes, trained on
+    flipped labels (exit 0; inputs.json recorded the real file's hash)."""
+    import shutil
+
+    from nli_jax.data import records
+    source = tmp_path / "train.jsonl"
+    source.write_text("the same file name and bytes: the cache's directory name is the same\n")
+    real, flipped = tmp_path / "real", tmp_path / "flipped"
+    records.prepare_records("demo", _examples(), [str(source)], str(real))
+    records.prepare_records("demo", _examples(flip=1), [str(source)], str(flipped))
+    shutil.rmtree(_version_dir(real))
+    shutil.copytree(_version_dir(flipped), _version_dir(flipped).as_posix().replace("/flipped/", "/real/"))
+    read = records.prepare_records("demo", _examples(), [str(source)], str(real))["train"]
+    assert sorted((e["idx"], e["label"]) for e in read.get_many(range(60))) == [(i, i % 3) for i in range(60)]
+    assert f"{_version_dir(real)}: it was built from other examples than this run's files hold; building it again" \
+        in nli_log
+
+
+def test_a_truncated_cache_shard_is_rebuilt_not_a_riegeli_traceback(tmp_path, nli_log):
+    from nli_jax.data import records
+    source = tmp_path / "train.jsonl"
+    source.write_text("x\n")
+    records.prepare_records("demo", _examples(), [str(source)], str(tmp_path / "tfds"))
+    shard = next(_version_dir(tmp_path / "tfds").glob("*array_record*"))
+    with open(shard, "r+b") as f:
+        f.truncate(100)
+    read = records.prepare_records("demo", _examples(), [str(source)], str(tmp_path / "tfds"))["train"]
+    assert len(read.get_many(range(60))) == 60
+    assert f"{shard.parent}: its files differ from those written ({shard.name}); building it again" in nli_log
+
+
+CONCURRENT_BUILD = """
+import sys, time
+from nli_jax.data import records
+start = float(sys.argv[3])
+examples = {"train": [{"idx": i, "label": i % 3, "text": "kata " * 20} for i in range(20000)]}
+time.sleep(max(0.0, start - time.time()))
+source = records.prepare_records("demo", examples, [sys.argv[1]], sys.argv[2])["train"]
+print(len(source))
+"""
+
+
+def test_two_first_runs_sharing_a_fresh_tfds_dir_both_build_or_read_it(tmp_path):
+    """Two first runs sharing a fresh tfds_dir (the cpu_test default is machine-wide): the second
+    died in tfds with a 60-line FileExistsError."""
+    import time
+    source = tmp_path / "train.jsonl"
+    source.write_text("x\n")
+    start = str(time.time() + 8)  # both past their imports: they build at the same moment
+    argv = [sys.executable, "-c", CONCURRENT_BUILD, str(source), str(tmp_path / "tfds"), start]
+    procs = [subprocess.Popen(argv, cwd=REPO, env=env_cpu(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+        assert out.split()[-1] == "20000"
