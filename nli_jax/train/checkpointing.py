@@ -74,6 +74,11 @@ def _signed(record: dict, workdir_identity: str | None, tree) -> dict:
     return dict(record, run_identity=workdir_identity, content_digest=content_digest(tree))
 
 
+def _unsigned(record: dict) -> dict:
+    """A record as its writer gave it (without the fields `_signed` added)."""
+    return {k: v for k, v in record.items() if k not in ("run_identity", "content_digest")}
+
+
 def check_identity(where: str, record: dict, identity: str | None) -> None:
     """Refuses a checkpoint whose recorded run is not the workdir's (one line naming both)."""
     theirs = record.get("run_identity") if isinstance(record, dict) else None
@@ -145,7 +150,7 @@ class Checkpointer:
                 raise CheckpointUnreadableError(f"{os.path.join(str(best.directory), str(step), 'info')} is "
                                                 f"unreadable ({_short(e)})") from e
             check_identity(os.path.join(str(best.directory), str(step)), info, run_identity(workdir))
-            return info
+            return _unsigned(info)
         finally:
             best.close()
 
@@ -200,7 +205,7 @@ class Checkpointer:
             for (bad_step, error), target in zip(bad, moved):
                 log.warning("checkpoint %s is unreadable (%s); moved it to %s and resumed from step %d",
                             os.path.join(self.directory, str(bad_step)), _short(error), target, step)
-            return step, state, loop
+            return step, state, _unsigned(loop)
         if bad:
             details = "; ".join(f"step {s}: {_short(e)}" for s, e in bad)
             raise CheckpointUnreadableError(
@@ -314,7 +319,7 @@ class Checkpointer:
                 params=ocp.args.StandardRestore(abstract_params), info=ocp.args.JsonRestore()))
             check_digest(path, info, restored["params"])
             self._log_unverified(path, info)
-            return restored["params"], info
+            return restored["params"], _unsigned(info)
         except ForeignCheckpointError:
             raise
         except Exception as e:
