@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import importlib
 
+from nli_jax.train import platforms as _platforms
+
+# As the command lines do: on a machine without TPU chips, JAX is not let try libtpu (installed by
+# the README's install), whose failed start-up prints about ten lines to stderr.
+_platforms.skip_absent_tpu()
+
 __version__ = "0.1.0"
 _EXPORTS = {"CheckpointError": "nli_jax.checkpoints", "load_tokenizer": "nli_jax.checkpoints",
             **{name: "nli_jax.models" for name in (

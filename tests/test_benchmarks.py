@@ -358,3 +358,13 @@ def test_tpu_compile_table(tmp_path):
     assert_ratio(result, "pretrain/indobert_base.py:cpu_test,phase=1@v3-8: paper_over_projected_hours", paper_hours,
                  row["projected_hours"])
     assert "| pretrain/indobert_base.py:cpu_test,phase=1 | v3-8 |" in (work / "table.md").read_text()
+
+
+def test_checkpoint_digest_cost_runs_on_a_small_state(monkeypatch, capsys):
+    """benchmarks.checkpoint_digest_cost (docs/errors.md §20) on a state of two small arrays."""
+    import importlib
+    bench = importlib.import_module("benchmarks.checkpoint_digest_cost")
+    monkeypatch.setattr(bench, "SHAPES", [(8, 4), (4,)])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "checkpoint (params + Adam): digest" in out and "orbax restore:" in out

@@ -203,3 +203,281 @@ def test_the_benchmark_refuses_unknown_tasks_and_models_in_one_line(tmp_path):
     one_line_error(procs[0], "--model=nosuch: unknown model", "--tasks=smsa,../../x: unknown task(s) ['../../x']")
     one_line_error(procs[1], "--seeds=1,x: seeds are integers")
     assert tree(tmp_path) == []
+
+
+# --- 20. verified reads: a checkpoint carries its run's identity and a digest of its arrays ------
+
+SHORT = ("train.max_steps=4", "train.checkpoint_every_steps=2", "train.eval_every_steps=2", "train.keep_checkpoints=5",
+         "eval_splits=('validation',)")
+
+
+def short_config(tfds_dir, *more):
+    return config_for("indonli_large:cpu_test", *SHORT, f"data.tfds_dir={tfds_dir}", *more)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished cpu_test run of 4 steps: checkpoints 2 and 4, best/ (10-15 s)."""
+    from nli_jax.train.loop import train_and_evaluate
+    root = tmp_path_factory.mktemp("verified")
+    tfds_dir, workdir = str(root / "tfds"), root / "run"
+    train_and_evaluate(short_config(tfds_dir), str(workdir))
+    return workdir, tfds_dir
+
+
+def copy_of(run, target):
+    import shutil
+    shutil.copytree(run, target, ignore=shutil.ignore_patterns(".lock"))
+    return target
+
+
+def flip_three_bytes(directory):
+    """Three bytes of the largest array file below `directory` changed, as a bad disk does:
+    orbax and tensorstore read the file without complaint."""
+    largest = max((p for p in directory.rglob("*") if p.is_file() and "/d/" in str(p)), key=lambda p: p.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    for offset in (len(data) // 2, len(data) // 2 + 101, len(data) // 2 + 202):
+        data[offset] ^= 0x5A
+    largest.write_bytes(bytes(data))
+
+
+@pytest.fixture()
+def nli_log():
+    import logging
+    lines = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    logger = logging.getLogger("nli_jax")
+    handler, level = Handler(level=logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_flipped_bytes_in_best_are_refused_by_the_tools(trained_run, tmp_path):
+    """Three bytes flipped in a file of best/: finetune.evaluate exited 0 reporting what the
+    damaged parameters gave (0.333 where the intact run gives 0.967)."""
+    from nli_jax.train import tools
+    from nli_jax.train.checkpointing import CheckpointUnreadableError
+    run, tfds_dir = trained_run
+    damaged = copy_of(run, tmp_path / "run")
+    step = next(p.name for p in (damaged / "best").iterdir() if p.name.isdigit())
+    flip_three_bytes(damaged / "best" / step)
+    with pytest.raises(CheckpointUnreadableError) as info:
+        tools.evaluate_checkpoint(short_config(tfds_dir), str(tmp_path / "eval"), str(damaged))
+    message = " ".join(str(info.value).split())
+    assert f"the best parameters in {damaged}/best/{step} are unreadable (ValueError: its arrays differ from those " \
+           "written (content digest sha256:" in message, message
+    assert f"Rerun the run's own command: it takes step {step}'s parameters from {damaged}/checkpoints/{step}" in message
+    assert not (tmp_path / "eval" / "results.json").exists()
+
+
+def test_flipped_bytes_in_the_latest_checkpoint_fall_back_to_the_previous_step(trained_run, tmp_path, nli_log):
+    """The same in the latest checkpoint's state: NaN at the next step (blamed on the learning
+    rate), every rerun repeating it; the intact earlier step was never tried."""
+    from nli_jax.train.loop import train_and_evaluate
+    run, tfds_dir = trained_run
+    damaged = copy_of(run, tmp_path / "run")
+    flip_three_bytes(damaged / "checkpoints" / "4" / "state")
+    results = train_and_evaluate(short_config(tfds_dir), str(damaged))
+    moved = [line for line in nli_log if line.startswith(f"checkpoint {damaged}/checkpoints/4 is unreadable")]
+    assert moved and "(ValueError: its arrays differ from those written" in moved[0], nli_log
+    assert moved[0].endswith(f"moved it to {damaged}/checkpoints_unreadable/4 and resumed from step 2")
+    assert sorted(os.listdir(damaged / "checkpoints")) == ["2", "4"]  # step 4 trained again from step 2
+    assert results["steps"] == 4
+
+
+def test_another_runs_checkpoints_are_refused_in_one_line(trained_run, tmp_path, nli_log):
+    """Another run's checkpoint directory copied into a workdir: "resumed from step 90", exit 0,
+    accuracy 0.50 where the run gives 0.967. Its best/ under another run: evaluated as that run's."""
+    import shutil
+
+    from nli_jax import workdir as workdir_lib
+    from nli_jax.train import tools
+    from nli_jax.train.checkpointing import ForeignCheckpointError
+    from nli_jax.train.loop import train_and_evaluate
+    from nli_jax.train.planner import build_plan
+    run, tfds_dir = trained_run
+    other = short_config(tfds_dir, "optimizer.lr=0.002")
+    workdir = tmp_path / "other"
+    workdir.mkdir()
+    workdir_lib.write_config(str(workdir), build_plan(other, training=False).config_json)
+    shutil.copytree(run / "checkpoints", workdir / "checkpoints")
+    with pytest.raises(ForeignCheckpointError) as info:
+        train_and_evaluate(other, str(workdir))
+    message = " ".join(str(info.value).split())
+    assert message.startswith(f"{workdir}/checkpoints/4 was written by another run (config-sha256:"), message
+    assert f"than the one in {workdir} (config-sha256:" in message
+    assert not any("resumed" in line for line in nli_log)
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]  # refused, not moved aside
+    for name in ("checkpoints", "best"):
+        shutil.rmtree(workdir / name)
+    shutil.copytree(run / "best", workdir / "best")
+    (workdir / "run.json").write_text(json.dumps({"state": "finished"}))
+    with pytest.raises(ForeignCheckpointError, match=rf"^{workdir}/best/\d+ was written by another run"):
+        tools.evaluate_checkpoint(other, str(tmp_path / "eval"), str(workdir))
+
+
+def test_model_init_of_a_run_directory_names_it(trained_run):
+    """--config.model.init=<a run's workdir>: an error naming no directory."""
+    from nli_jax.errors import ConfigValueError
+    from nli_jax.train.setup import model_inputs
+    from nli_jax.train.planner import build_plan
+    run, tfds_dir = trained_run
+    with pytest.raises(ConfigValueError, match=rf"--config.model.init='{run}': {run} is a training run's directory .*"
+                                               rf"python -m finetune.export --checkpoint={run} --output=DIR"):
+        model_inputs(build_plan(short_config(tfds_dir, f"model.init={run}"), training=False))
+
+
+OLD_COMMIT = "5272312"  # the last commit whose checkpoints carry neither run identity nor content digest
+# Runs the old code's training until its checkpoint of step 2 is written, then ends the process
+# (as a kill would: run.json stays "running").
+OLD_RUN = """
+import os, sys
+from nli_jax.train import checkpointing, loop
+from nli_jax.train.cli import apply_overrides
+import importlib
+save = checkpointing.Checkpointer.save
+def save_then_die(self, step, *args, **kwargs):
+    saved = save(self, step, *args, **kwargs)
+    if step == 2:
+        self.manager.wait_until_finished()
+        os._exit(0)
+    return saved
+checkpointing.Checkpointer.save = save_then_die
+config = importlib.import_module("configs.indonli_large").get_config("cpu_test")
+apply_overrides(config, sys.argv[2:])
+loop.train_and_evaluate(config, sys.argv[1])
+"""
+
+
+@pytest.mark.slow  # the old code's run to its step 2, then this code's resumption: about 40 s
+def test_checkpoints_of_an_older_nli_jax_still_resume(tmp_path, nli_log):
+    """Written by the code at commit 5272312 (no identity, no digest): resumed, logged as unverified."""
+    from nli_jax.train.loop import train_and_evaluate
+    if subprocess.run(["git", "cat-file", "-e", f"{OLD_COMMIT}^{{commit}}"], cwd=REPO).returncode != 0:
+        pytest.skip(f"commit {OLD_COMMIT} is not in this checkout (shallow clone)")
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "archive", OLD_COMMIT], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    tfds_dir, workdir = str(tmp_path / "tfds"), tmp_path / "run"
+    fixtures = REPO / "nli_jax" / "data" / "fixtures"  # the same inputs as this code's config: one run
+    overrides = [*SHORT, f"data.tfds_dir={tfds_dir}", f"data.source={fixtures / 'nli_tiny'}",
+                 f"model.tokenizer={fixtures / 'tiny_wordpiece'}"]
+    env = dict(env_cpu(), PYTHONPATH=str(old))
+    proc = subprocess.run([sys.executable, "-c", OLD_RUN, str(workdir), *overrides], cwd=old, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+    assert "run_identity" not in (workdir / "checkpoints" / "2" / "loop" / "metadata").read_text()
+    results = train_and_evaluate(config_for("indonli_large:cpu_test", *overrides), str(workdir))
+    assert f"resumed from {workdir}/checkpoints at step 2" in nli_log
+    assert f"{workdir}/checkpoints/2 carries no content digest (written by an older nli-jax, or by several " \
+           "processes): restored unverified" in nli_log
+    assert results["steps"] == 4 and sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
+    assert "run_identity" in (workdir / "checkpoints" / "4" / "loop" / "metadata").read_text()
+
+
+LIBRARY_USE = """
+import os, sys
+if sys.argv[1] == "jax_first":
+    import jax
+import nli_jax
+from nli_jax.models import preset
+import jax
+import jax.numpy as jnp
+jnp.ones(2).sum().block_until_ready()
+print(os.environ.get("JAX_PLATFORMS"), jax.config.jax_platforms, jax.default_backend())
+"""
+
+
+@pytest.mark.parametrize("order", ["nli_jax_first", "jax_first"])
+def test_the_library_on_a_machine_without_tpu_chips_does_not_start_libtpu(order):
+    """After the README's install (libtpu included), `from nli_jax.models import ...` and any JAX
+    call printed about ten lines of libtpu's initialisation errors; the command lines did not."""
+    import importlib.util
+
+    from nli_jax.train import platforms
+    if importlib.util.find_spec("libtpu") is None or platforms.tpu_chips_present():
+        pytest.skip("needs libtpu installed on a machine without TPU chips")
+    env = env_cpu()
+    env.pop("JAX_PLATFORMS")
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_USE, order], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["cpu", "cpu", "cpu"], (proc.stdout, proc.stderr[-2000:])
+    assert "libtpu" not in proc.stderr and "TPU" not in proc.stderr, proc.stderr[-2000:]
+
+
+# --- the array_record copy of the data is verified too ------------------------------------------
+
+def _examples(flip=0, n=60):
+    return {"train": [{"idx": i, "label": (i + flip) % 3, "text": f"kalimat {i}"} for i in range(n)]}
+
+
+def _version_dir(data_dir):
+    return next(p for p in data_dir.rglob("1.0.0") if p.is_dir())
+
+
+def test_a_cache_built_from_other_files_in_this_ones_place_is_rebuilt(tmp_path, nli_log):
+    """A cache built from label-flipped IndoNLI, placed where the real IndoNLI's goes, trained on
+    flipped labels (exit 0; inputs.json recorded the real file's hash)."""
+    import shutil
+
+    from nli_jax.data import records
+    source = tmp_path / "train.jsonl"
+    source.write_text("the same file name and bytes: the cache's directory name is the same\n")
+    real, flipped = tmp_path / "real", tmp_path / "flipped"
+    records.prepare_records("demo", _examples(), [str(source)], str(real))
+    records.prepare_records("demo", _examples(flip=1), [str(source)], str(flipped))
+    shutil.rmtree(_version_dir(real))
+    shutil.copytree(_version_dir(flipped), _version_dir(flipped).as_posix().replace("/flipped/", "/real/"))
+    read = records.prepare_records("demo", _examples(), [str(source)], str(real))["train"]
+    assert sorted((e["idx"], e["label"]) for e in read.get_many(range(60))) == [(i, i % 3) for i in range(60)]
+    assert f"{_version_dir(real)}: it was built from other examples than this run's files hold; building it again" \
+        in nli_log
+
+
+def test_a_truncated_cache_shard_is_rebuilt_not_a_riegeli_traceback(tmp_path, nli_log):
+    from nli_jax.data import records
+    source = tmp_path / "train.jsonl"
+    source.write_text("x\n")
+    records.prepare_records("demo", _examples(), [str(source)], str(tmp_path / "tfds"))
+    shard = next(_version_dir(tmp_path / "tfds").glob("*array_record*"))
+    with open(shard, "r+b") as f:
+        f.truncate(100)
+    read = records.prepare_records("demo", _examples(), [str(source)], str(tmp_path / "tfds"))["train"]
+    assert len(read.get_many(range(60))) == 60
+    assert f"{shard.parent}: its files differ from those written ({shard.name}); building it again" in nli_log
+
+
+CONCURRENT_BUILD = """
+import sys, time
+from nli_jax.data import records
+start = float(sys.argv[3])
+examples = {"train": [{"idx": i, "label": i % 3, "text": "kata " * 20} for i in range(20000)]}
+time.sleep(max(0.0, start - time.time()))
+source = records.prepare_records("demo", examples, [sys.argv[1]], sys.argv[2])["train"]
+print(len(source))
+"""
+
+
+def test_two_first_runs_sharing_a_fresh_tfds_dir_both_build_or_read_it(tmp_path):
+    """Two first runs sharing a fresh tfds_dir (the cpu_test default is machine-wide): the second
+    died in tfds with a 60-line FileExistsError."""
+    import time
+    source = tmp_path / "train.jsonl"
+    source.write_text("x\n")
+    start = str(time.time() + 8)  # both past their imports: they build at the same moment
+    argv = [sys.executable, "-c", CONCURRENT_BUILD, str(source), str(tmp_path / "tfds"), start]
+    procs = [subprocess.Popen(argv, cwd=REPO, env=env_cpu(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+        assert out.split()[-1] == "20000"

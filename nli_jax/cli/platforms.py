@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
 
 GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips' PCI vendor id (what JAX's hardware_utils looks for)
 _GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
@@ -29,10 +30,22 @@ def tpu_chips_present() -> bool:
 
 def skip_absent_tpu() -> bool:
     """Sets JAX_PLATFORMS=cpu when libtpu is installed on a machine with no TPU chip and no GPU
-    plugin (before JAX is imported); True when it did."""
+    plugin (before JAX starts a backend); True when it did. Called by the command lines and by
+    `import nli_jax` (the library: `from nli_jax.models import ...`, then any JAX call). When JAX
+    was imported first, its platforms setting is changed as well, as long as no backend started."""
     if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
         return False
     if tpu_chips_present() or any(importlib.util.find_spec(p) is not None for p in _GPU_PLUGINS):
         return False
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        if _backends_started() or getattr(jax.config, "jax_platforms", None):
+            return False  # too late, or the user chose
+        jax.config.update("jax_platforms", "cpu")
     os.environ["JAX_PLATFORMS"] = "cpu"
     return True
+
+
+def _backends_started() -> bool:
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(xla_bridge, "_backends", None))

@@ -163,9 +163,86 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
         build_once()
     if remote and not os.path.isfile(os.path.join(local, marker)):
         storage.copytree(shared, storage.under(local))
-    builder = make_builder()
-    prepare(builder)
+    with _building(local_dir, name):  # concurrent first runs sharing a tfds_dir: one builds, the others wait
+        builder = verified(make_builder, prepare, examples)
     return {split: RecordSource(builder.as_data_source(split=split)) for split in examples}
+
+
+# --- what the copy holds is what this run reads ---------------------------------------------
+# A prepared copy records the digest of the examples it was built from (the validated rows of
+# the source files, as the run has them in memory) and of each of its own files. A copy whose
+# record differs (built from other files and put in this one's place, a shard truncated or
+# swapped, an older nli-jax's copy without a record) is built again, said in one log line.
+VERIFIED_FILE = "nli_jax_records.json"
+
+
+def examples_digest(examples: dict[str, list[dict]]) -> str:
+    digest = hashlib.sha256(RECORD_FORMAT.encode())
+    for split in sorted(examples):
+        digest.update(f"\0{split}\0".encode())
+        for example in examples[split]:
+            digest.update(json.dumps(example, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n")
+    return "sha256:" + digest.hexdigest()
+
+
+def files_digest(directory: str) -> dict[str, str]:
+    """{file: sha256} of every file of a prepared copy but its record."""
+    out = {}
+    for rel in storage.walk_files(directory):
+        if rel != VERIFIED_FILE:
+            out[rel] = "sha256:" + hashlib.sha256(storage.read_bytes(os.path.join(directory, rel))).hexdigest()
+    return out
+
+
+def copy_problem(directory: str, expected: str) -> str | None:
+    """Why the prepared copy in `directory` is not one of these examples, or None."""
+    try:
+        record = storage.read_json_object(os.path.join(directory, VERIFIED_FILE))
+    except ValueError as e:
+        return f"its {VERIFIED_FILE} is unreadable ({e})"
+    if record is None:
+        return f"it has no {VERIFIED_FILE} (an interrupted build, or an older nli-jax's copy)"
+    if record.get("examples") != expected:
+        return "it was built from other examples than this run's files hold"
+    files, written = files_digest(directory), record.get("files") or {}
+    changed = sorted(set(files) ^ set(written) | {f for f in files if f in written and files[f] != written[f]})
+    if changed:
+        return f"its files differ from those written ({', '.join(changed[:3])})"
+    return None
+
+
+def verified(make_builder, prepare, examples):
+    """The prepared builder of `examples`, its copy checked against its record (rebuilt when
+    that differs) and the record written after a build."""
+    builder = make_builder()
+    directory = os.fspath(builder.data_dir)
+    expected = examples_digest(examples)
+    if os.path.isfile(os.path.join(directory, "dataset_info.json")):
+        problem = copy_problem(directory, expected)
+        if problem is None:
+            return builder
+        log.warning("%s: %s; building it again", directory, problem)
+        storage.rmtree(directory)
+        builder = make_builder()
+    prepare(builder)
+    record = {"examples": expected, "files": files_digest(directory)}
+    storage.write_text(storage.under(os.path.dirname(directory), os.path.basename(directory), VERIFIED_FILE),
+                       json.dumps(record, indent=1, sort_keys=True))
+    return builder
+
+
+@contextlib.contextmanager
+def _building(local_dir: str, name: str):
+    """An flock on <local_dir>/.<name>.lock while the copy is checked or built (released by the
+    kernel when the holder dies)."""
+    import fcntl
+    fd = storage.open_lock(storage.under(local_dir, f".{name}.lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class RecordSource:

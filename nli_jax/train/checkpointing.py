@@ -11,6 +11,7 @@ step) is a no-op.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import time
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from nli_jax import storage
@@ -31,6 +33,72 @@ log = logging.getLogger("nli_jax")
 
 class CheckpointUnreadableError(RunError):
     """No intact checkpoint to resume from, or unreadable best parameters; names the directory."""
+
+
+class ForeignCheckpointError(RunError):
+    """A checkpoint (or best/) written by another run than the workdir's: names both."""
+
+
+# --- what a checkpoint says about itself ----------------------------------------------------
+# Every checkpoint step (its loop record) and best step (its info) carries the identity of the
+# run that wrote it (a digest of the run's config.json, which a workdir never rewrites) and a
+# digest of the arrays it holds (sha256 over every array's path, dtype, shape and bytes, as
+# fetched to the host). A restore compares both: another run's checkpoint is refused, a step
+# whose arrays differ from what was written is damaged (the previous intact step is taken).
+# Steps written before these fields existed are restored as they are (logged once).
+
+def run_identity(workdir: str) -> str | None:
+    """The identity of the run in `workdir`: sha256 of its config.json (None: no config.json)."""
+    path = os.path.join(storage.resolve(workdir), "config.json")
+    if not storage.isfile(path):
+        return None
+    return "config-sha256:" + hashlib.sha256(storage.read_bytes(path)).hexdigest()[:32]
+
+
+def content_digest(tree) -> str | None:
+    """sha256 over a tree of arrays (path, dtype, shape, bytes), the same whatever their sharding;
+    None when an array is not wholly on this process (a multi-host run: not digested)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for _, x in leaves):
+        return None
+    digest = hashlib.sha256()
+    for path, leaf in leaves:
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        array = np.ascontiguousarray(jax.device_get(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}|".encode())
+        digest.update(memoryview(array).cast("B") if array.size else b"")
+    return "sha256:" + digest.hexdigest()
+
+
+def _signed(record: dict, workdir_identity: str | None, tree) -> dict:
+    return dict(record, run_identity=workdir_identity, content_digest=content_digest(tree))
+
+
+def _unsigned(record: dict) -> dict:
+    """A record as its writer gave it (without the fields `_signed` added)."""
+    return {k: v for k, v in record.items() if k not in ("run_identity", "content_digest")}
+
+
+def check_identity(where: str, record: dict, identity: str | None) -> None:
+    """Refuses a checkpoint whose recorded run is not the workdir's (one line naming both)."""
+    theirs = record.get("run_identity") if isinstance(record, dict) else None
+    if theirs is not None and identity is not None and theirs != identity:
+        raise ForeignCheckpointError(
+            f"{where} was written by another run ({theirs}) than the one in {os.path.dirname(os.path.dirname(where))} "
+            f"({identity}, the digest of its config.json): a checkpoint copied from another run is not restored. "
+            "Move it away (or use its own run directory)")
+
+
+def check_digest(where: str, record: dict, tree) -> None:
+    """ValueError when the arrays restored differ from those the checkpoint was written with."""
+    recorded = record.get("content_digest") if isinstance(record, dict) else None
+    if recorded is None:
+        return
+    restored = content_digest(tree)
+    if restored is not None and restored != recorded:
+        raise ValueError(f"its arrays differ from those written (content digest {restored[:23]}..., written "
+                         f"{recorded[:23]}...)")
 
 
 def _short(error: BaseException) -> str:
@@ -63,6 +131,8 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=async_save),
             item_names=("params", "info"))
         self._saved: set[int] = set()
+        self.identity = run_identity(self.workdir)
+        self._unverified_logged = False
 
     @staticmethod
     def read_best_info(workdir: str) -> dict | None:
@@ -80,7 +150,8 @@ class Checkpointer:
             except Exception as e:
                 raise CheckpointUnreadableError(f"{os.path.join(str(best.directory), str(step), 'info')} is "
                                                 f"unreadable ({_short(e)})") from e
-            return info
+            check_identity(os.path.join(str(best.directory), str(step)), info, run_identity(workdir))
+            return _unsigned(info)
         finally:
             best.close()
 
@@ -99,6 +170,7 @@ class Checkpointer:
         loop = json.loads(json.dumps(dict(loop.to_json(), optimizer_state=not final)))
         if final:
             state = _without_optimizer(state)
+        loop = _signed(loop, self.identity, state)  # written in the same step as the arrays
         try:
             return self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
@@ -119,18 +191,22 @@ class Checkpointer:
         for step in steps:
             try:
                 state, loop = self.restore(step, abstract_state, data_iterator)
-                loop = LoopRecord.from_json(loop)
+                record = LoopRecord.from_json(loop)  # the loop's record, or damage
+                check_digest(os.path.join(self.directory, str(step)), loop, state)
+                self._log_unverified(os.path.join(self.directory, str(step)), loop)
                 restored_step = int(jax.device_get(state["step"]))
                 if restored_step != step:
                     raise ValueError(f"its state holds step {restored_step}")
-            except Exception as e:  # any damage: arrays, metadata, iterator state, loop JSON
+            except ForeignCheckpointError:
+                raise
+            except Exception as e:  # any damage: arrays, metadata, iterator state, loop JSON, digest
                 bad.append((step, e))
                 continue
             moved = self._set_aside([s for s, _ in bad])
             for (bad_step, error), target in zip(bad, moved):
                 log.warning("checkpoint %s is unreadable (%s); moved it to %s and resumed from step %d",
                             os.path.join(self.directory, str(bad_step)), _short(error), target, step)
-            return step, state, loop
+            return step, state, record
         if bad:
             details = "; ".join(f"step {s}: {_short(e)}" for s, e in bad)
             raise CheckpointUnreadableError(
@@ -179,9 +255,17 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract), data=grain.checkpoint.CheckpointRestore(data_iterator)))
         return restored["state"], loop
 
+    def _log_unverified(self, where: str, record: dict) -> None:
+        if isinstance(record, dict) and record.get("content_digest") is None and not self._unverified_logged:
+            self._unverified_logged = True
+            log.info("%s carries no content digest (written by an older nli-jax, or by several processes): "
+                     "restored unverified", where)
+
     def _as_saved(self, step: int, abstract_state):
-        """(loop record, `abstract_state` as `step` was saved: without the optimizer state for a final step)."""
+        """(loop record, `abstract_state` as `step` was saved: without the optimizer state for a
+        final step); another run's step is refused here, before its arrays are read."""
         loop = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+        check_identity(os.path.join(self.directory, str(step)), loop, self.identity)
         if isinstance(loop, dict) and loop.get("optimizer_state") is False:
             return loop, _without_optimizer(abstract_state)
         return loop, abstract_state
@@ -193,6 +277,7 @@ class Checkpointer:
             self.best.wait_until_finished()  # the previous best's write, if it is still going
             if step in self.best.all_steps():
                 self.best.delete(step)
+            info = _signed(info, self.identity, params)
             self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                          info=ocp.args.JsonSave(info)), force=True)
         except Exception as e:
@@ -227,17 +312,27 @@ class Checkpointer:
         try:
             if step not in self.best.all_steps():  # its write cut short by a kill, say
                 raise FileNotFoundError(f"best/ holds steps {sorted(self.best.all_steps())}, not {step}")
+            info = self.best.restore(step, args=ocp.args.Composite(info=ocp.args.JsonRestore()))["info"]
+            if not isinstance(info, dict):
+                raise ValueError("its info is not a JSON object")
+            check_identity(path, info, self.identity)
             restored = self.best.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_params), info=ocp.args.JsonRestore()))
-            if not isinstance(restored["info"], dict):
-                raise ValueError("its info is not a JSON object")
-            return restored["params"], restored["info"]
+            check_digest(path, info, restored["params"])
+            self._log_unverified(path, info)
+            return restored["params"], _unsigned(info)
+        except ForeignCheckpointError:
+            raise
         except Exception as e:
             error = e
         if abstract_state is not None and step in self.manager.all_steps():
             try:
+                loop, abstract = self._as_saved(step, abstract_state)
                 state = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(self._as_saved(step, abstract_state)[1])))["state"]
+                    state=ocp.args.StandardRestore(abstract)))["state"]
+                check_digest(os.path.join(self.directory, str(step)), loop, state)
+            except ForeignCheckpointError:
+                raise
             except Exception:
                 state = None
             if state is not None:
@@ -258,6 +353,11 @@ class Checkpointer:
                 f"the run's best step {step} has no parameters in {self.best.directory} (it holds steps "
                 f"{sorted(self.best.all_steps())}) and no checkpoint of step {step} is left to take them from: start "
                 "over in a new --workdir") from None
+        if abstract_state is None and step in self.manager.all_steps():  # a tool: the run's command repairs best/
+            raise CheckpointUnreadableError(
+                f"the best parameters in {path} are unreadable ({_short(error)}); nothing was changed. Rerun the "
+                f"run's own command: it takes step {step}'s parameters from {self.directory}/{step} and rewrites "
+                "best/") from error
         raise CheckpointUnreadableError(
             f"the best parameters in {path} are unreadable ({_short(error)}) and no checkpoint of step {step} is "
             "left to take them from: start over in a new --workdir (nothing was changed)") from error

@@ -15,6 +15,7 @@ import jax
 from flax import nnx
 
 from nli_jax import storage
+from nli_jax import workdir as workdir_lib
 from nli_jax.checkpoints import load_tokenizer
 from nli_jax.checkpoints.hf import read_config, resolve_directory
 from nli_jax.data import pipeline
@@ -102,6 +103,12 @@ def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
     """Task, tokenizer and model shape, with data.max_seq_length and the vocabulary checked
     against them before any data is read or parameter loaded."""
     task = create_task(plan)
+    for key, path in (("model.init", plan.model.init), ("model.tokenizer", plan.model.tokenizer)):
+        if path and not storage.is_remote(path) and workdir_lib.is_run(storage.resolve(path)):
+            raise ConfigValueError(
+                f"--config.{key}={path!r}: {storage.resolve(path)} is a training run's directory (its config.json is "
+                "nli-jax's, its parameters in best/), not a model directory: start from its export "
+                f"(python -m finetune.export --checkpoint={path} --output=DIR, then --config.{key}=DIR)")
     tokenizer_path = plan.model.tokenizer or model_init or plan.model.init
     if not tokenizer_path:
         raise ConfigValueError("--config.model.tokenizer='': no tokenizer (and no model.init to take one from)")
