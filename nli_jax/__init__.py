@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from nli_jax.train import platforms as _platforms
+from nli_jax.cli import platforms as _platforms
 
 # As the command lines do: on a machine without TPU chips, JAX is not let try libtpu (installed by
 # the README's install), whose failed start-up prints about ten lines to stderr.

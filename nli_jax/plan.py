@@ -234,6 +234,11 @@ class PretrainPlan:
     (nli_jax.tasks.pretraining.MaskedLMOptions). Defaults: the BERT recipe's phase 1."""
     phase: int = _choice(1, 1, 2)
     corpus: tuple = _field("strs", default=("",))  # prepared corpus files (globs); examples built into <workdir>/examples
+    # A mixture (nli_jax.pretraining.mixture): corpus entries "name=glob" name corpora, each built into
+    # <workdir>/examples/<name> and sampled by weight ("name=weight" each) or p ∝ n^corpus_alpha (XLM-R: 0.3;
+    # 0 and no weights: in proportion to size); held-out MLM accuracy reported per corpus.
+    corpus_weights: tuple = _field("strs", default=())
+    corpus_alpha: float = _float(0.0, 0.0)
     examples_dir: str = _str()  # or prebuilt examples (pretrain.create_examples)
     sentence_task: str = _choice("nsp", "nsp", "sop", "none")  # how the pairs' second segment is chosen
     short_seq_prob: float = _float(0.1, 0.0, 1.0)

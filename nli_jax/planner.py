@@ -33,6 +33,7 @@ from nli_jax.errors import ConfigValueError, RunError  # noqa: F401  (re-exporte
 from nli_jax.hooks import HOOKS
 from nli_jax.options import flag  # noqa: F401  (re-exported: the refusals' spelling of a key)
 from nli_jax.schedules import SCHEDULES
+from nli_jax.pretraining.mixture import corpus_globs
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.batch_ramp import BatchRampOptions
 
@@ -392,7 +393,8 @@ def check_paths(plan: P.RunPlan, workdir: str | None = None) -> None:
               "data.train_subset": plan.data.train_subset, "model.init": plan.model.init,
               "model.tokenizer": plan.model.tokenizer}
     if plan.pretrain is not None:
-        values.update({"pretrain.corpus": plan.pretrain.corpus, "pretrain.examples_dir": plan.pretrain.examples_dir})
+        values.update({"pretrain.corpus": corpus_globs(plan.pretrain.corpus),  # a mixture's "name=glob" as its glob
+                       "pretrain.examples_dir": plan.pretrain.examples_dir})
     for name in type(plan.task_options).path_fields():
         values[f"task_options.{name}"] = getattr(plan.task_options, name)
     named = [("--workdir", workdir)] if workdir else []

@@ -2,6 +2,9 @@ import atexit
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -62,6 +65,33 @@ def minilm_dir():
     if not (path / "model.safetensors").is_file():
         pytest.skip(f"{path} has no model.safetensors")
     return str(path)
+
+
+def kill_after_checkpoint(arguments, workdir, step: int, timeout: float = 300) -> None:
+    """Runs `python -m <arguments>` (writing into `workdir`) and SIGKILLs it once a checkpoint of
+    `step` or later exists: a run killed mid-way, whose rerun must resume it exactly."""
+    proc = subprocess.Popen([sys.executable, "-m", *arguments], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        root = pathlib.Path(workdir) / "checkpoints"
+        if root.is_dir() and any(p.isdigit() and int(p) >= step for p in os.listdir(root)):
+            break
+        assert proc.poll() is None, "run ended before it could be killed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def assert_same_parameters(workdir_a, workdir_b, step: int) -> None:
+    """The parameters two runs checkpointed at `step` are bit for bit the same."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    a, b = (ocp.StandardCheckpointer().restore(str(pathlib.Path(w) / "checkpoints" / str(step) / "state"))["params"]
+            for w in (workdir_a, workdir_b))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
 
 
 # --- plans for tests of the steps, tasks and optimizers --------------------------------------

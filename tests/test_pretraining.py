@@ -3,15 +3,13 @@ real text, optimizer masks, phase-2 initialisation and exact resume."""
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, assert_same_parameters, kill_after_checkpoint
 from nli_jax.pretraining.corpus import normalise_twitter, prepare_corpus, split_sentences
 from nli_jax.pretraining.examples import ExampleSource, _segment_pairs, create_examples
 from nli_jax.pretraining.masking import MaskingConfig, MaskingRule, continuation_table, mask_batch, ngram_span_lengths
@@ -317,26 +315,11 @@ def test_sigkill_during_pretraining_then_rerun_is_exact(tmp_path):
               "--config.train.async_checkpointing=True")
     _pretrain(tmp_path / "reference", *common)
     work = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test",
-                             f"--workdir={work}", *common], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        root = work / "checkpoints"
-        if root.is_dir() and any(p.isdigit() and int(p) >= 80 for p in os.listdir(root)):
-            break
-        assert proc.poll() is None, "run ended before it could be killed"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(["pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test", f"--workdir={work}",
+                           *common], work, 80)
     assert not (work / "results.json").exists()
     _pretrain(work, *common)
-    import orbax.checkpoint as ocp
-    import jax
-    a = ocp.StandardCheckpointer().restore(str(work / "checkpoints" / "160" / "state"))["params"]
-    b = ocp.StandardCheckpointer().restore(str(tmp_path / "reference" / "checkpoints" / "160" / "state"))["params"]
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
+    assert_same_parameters(work, tmp_path / "reference", 160)
 
 
 def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):

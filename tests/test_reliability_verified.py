@@ -261,7 +261,7 @@ def nli_log():
 def test_flipped_bytes_in_best_are_refused_by_the_tools(trained_run, tmp_path):
     """Three bytes flipped in a file of best/: finetune.evaluate exited 0 reporting what the
     damaged parameters gave (0.333 where the intact run gives 0.967)."""
-    from nli_jax.train import tools
+    from nli_jax import tools
     from nli_jax.train.checkpointing import CheckpointUnreadableError
     run, tfds_dir = trained_run
     damaged = copy_of(run, tmp_path / "run")
@@ -297,10 +297,10 @@ def test_another_runs_checkpoints_are_refused_in_one_line(trained_run, tmp_path,
     import shutil
 
     from nli_jax import workdir as workdir_lib
-    from nli_jax.train import tools
+    from nli_jax import tools
     from nli_jax.train.checkpointing import ForeignCheckpointError
     from nli_jax.train.loop import train_and_evaluate
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     run, tfds_dir = trained_run
     other = short_config(tfds_dir, "optimizer.lr=0.002")
     workdir = tmp_path / "other"
@@ -326,7 +326,7 @@ def test_model_init_of_a_run_directory_names_it(trained_run):
     """--config.model.init=<a run's workdir>: an error naming no directory."""
     from nli_jax.errors import ConfigValueError
     from nli_jax.train.setup import model_inputs
-    from nli_jax.train.planner import build_plan
+    from nli_jax.planner import build_plan
     run, tfds_dir = trained_run
     with pytest.raises(ConfigValueError, match=rf"--config.model.init='{run}': {run} is a training run's directory .*"
                                                rf"python -m finetune.export --checkpoint={run} --output=DIR"):
@@ -339,7 +339,7 @@ OLD_COMMIT = "5272312"  # the last commit whose checkpoints carry neither run id
 OLD_RUN = """
 import os, sys
 from nli_jax.train import checkpointing, loop
-from nli_jax.train.cli import apply_overrides
+from nli_jax.cli import apply_overrides
 import importlib
 save = checkpointing.Checkpointer.save
 def save_then_die(self, step, *args, **kwargs):
@@ -402,7 +402,7 @@ def test_the_library_on_a_machine_without_tpu_chips_does_not_start_libtpu(order)
     call printed about ten lines of libtpu's initialisation errors; the command lines did not."""
     import importlib.util
 
-    from nli_jax.train import platforms
+    from nli_jax.cli import platforms
     if importlib.util.find_spec("libtpu") is None or platforms.tpu_chips_present():
         pytest.skip("needs libtpu installed on a machine without TPU chips")
     env = env_cpu()

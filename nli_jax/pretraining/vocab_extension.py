@@ -289,6 +289,10 @@ def extend_vocabulary(tokenizer_dir: str, corpora: dict[str, list[str]], new_pie
 NEW_TOKEN_INITS = ("mean", "random")
 
 
+class ExtensionNotGrown(RunError):
+    """A tokenizer that extends the checkpoint's vocabulary, in a run that does not grow it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class VocabularyGrowth:
     """A checkpoint's vocabulary (old_vocab_size rows) grown to vocab_size for a tokenizer that
@@ -313,9 +317,10 @@ def vocabulary_growth(tokenizer, tokenizer_path: str, checkpoint_tokenizer, mode
         why = ("its token ids would select the wrong embeddings; use the checkpoint's tokenizer" if moved else
                "it extends the checkpoint's vocabulary, which only continued pretraining grows (pretrain.main with "
                "model.init and this tokenizer); fine-tune the continued run's export")
-        raise RunError(f"--config.model.tokenizer={tokenizer_path!r}: its vocabulary differs from the one model.init "
-                       f"({model_dir}) was trained with ({len(differing)} of {max(len(own), len(given))} tokens "
-                       f"differ, e.g. {differing[:5]}): {why}")
+        raise (RunError if moved else ExtensionNotGrown)(
+            f"--config.model.tokenizer={tokenizer_path!r}: its vocabulary differs from the one model.init "
+            f"({model_dir}) was trained with ({len(differing)} of {max(len(own), len(given))} tokens "
+            f"differ, e.g. {differing[:5]}): {why}")
     kind = tokenizer_kind(checkpoint_tokenizer, model_dir)
     new = sorted((i, t) for t, i in given.items() if t not in own)
     pieces = tuple((i, tuple(old_pieces(checkpoint_tokenizer, kind, t))) for i, t in new)

@@ -26,6 +26,8 @@ from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptio
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, check_vocabulary, create_examples, vocabulary_fingerprint
 from nli_jax.pretraining.masking import MaskedBatching, MaskingConfig, MaskingRule, continuation_table, ngram_span_lengths
+from nli_jax.pretraining.mixture import (MixtureSource, TaggedConcatenation, corpus_globs, mixture_problems,
+                                         mixture_probabilities, named_corpora, parse_weights)
 from nli_jax.pretraining.vocab_extension import NEW_TOKEN_INITS
 from nli_jax.tasks.base import Task, register
 from nli_jax.workdir import has_trained_state
@@ -99,6 +101,13 @@ class Pretraining(Task):
         self.pretrain, self.model = pretrain, model
         self.masking = options.masking_rule()
         self.heldout_masking = options.heldout_masking_rule(data.max_seq_length)
+        try:
+            corpora = named_corpora(pretrain.corpus)
+        except ValueError:  # refused by plan_problems
+            corpora = None
+        # A mixture's held-out MLM accuracy per corpus (mlm_accuracy_<name>) in the history and TensorBoard.
+        self.corpus_names = tuple(corpora or ())
+        self.tracked_metrics = type(self).tracked_metrics + tuple(f"mlm_accuracy_{n}" for n in self.corpus_names)
 
     def continuable(self) -> tuple[str, ...]:
         """The model_types a model.init may have: BERT and ALBERT (transformers' *ForPreTraining
@@ -116,10 +125,12 @@ class Pretraining(Task):
         return self.options.new_token_init
 
     def plan_problems(self, plan):
+        p = self.pretrain
+        problems = mixture_problems(p.corpus, p.corpus_weights, p.corpus_alpha, p.examples_dir)
         if self.masking.max_predictions > plan.data.max_seq_length:
-            return [f"--config.task_options.max_predictions={self.masking.max_predictions}: more predictions than "
-                    f"data.max_seq_length ({plan.data.max_seq_length}) tokens"]
-        return []
+            problems.append(f"--config.task_options.max_predictions={self.masking.max_predictions}: more predictions "
+                            f"than data.max_seq_length ({plan.data.max_seq_length}) tokens")
+        return problems
 
     # Fixed when the task is bound (tokenizer_values): the masking of its batches, and [MASK]'s id,
     # by which evaluation tells the predictions made at [MASK] inputs.
@@ -159,45 +170,68 @@ class Pretraining(Task):
 
     def load(self, workdir=None):
         p = self.pretrain
-        directory = p.examples_dir
-        check_checkpoint(self.model, building_examples=not directory, model_types=self.continuable(),
+        check_checkpoint(self.model, building_examples=not p.examples_dir, model_types=self.continuable(),
                          objective=self.objective)
-        if not directory:
-            if not workdir:
-                raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
-            directory = os.path.join(workdir, "examples")
-            files = _corpus_files(p.corpus)
-            stale = self.stale_settings(directory, files)
-            if stale:
-                if has_trained_state(workdir):
-                    raise RunError(f"{directory} was built with other settings ({'; '.join(stale)}) and this "
-                                     f"workdir has trained on them: use a new --workdir")
-            if stale and jax.process_index() == 0:
-                # Derived data of an earlier attempt in this workdir (config.json guards a run that
-                # trained): built with other settings, so built again rather than used silently.
-                log.warning("%s was built with other settings (%s); building the examples again", directory,
-                            "; ".join(stale))
-                storage.rmtree(directory)
-            if jax.process_count() > 1:  # every process decides on the same (possibly just removed) state
+        corpora = named_corpora(p.corpus)
+        if corpora is None:
+            directory = p.examples_dir or self._built_examples(workdir, "examples", p.corpus)
+            train, heldout = self._splits_of(directory, f"pretrain.corpus={list(p.corpus)}")
+            return {"train": train, "heldout": heldout}
+        splits = {name: self._splits_of(self._built_examples(workdir, os.path.join("examples", name), globs),
+                                        f"corpus {name!r} of pretrain.corpus ({list(globs)})")
+                  for name, globs in corpora.items()}
+        probabilities = mixture_probabilities({name: len(train) for name, (train, _) in splits.items()},
+                                              parse_weights(p.corpus_weights), p.corpus_alpha)
+        train = MixtureSource({name: train for name, (train, _) in splits.items()}, probabilities)
+        log.info("corpus mixture: %s", ", ".join(
+            f"{name} {len(splits[name][0])} examples, p={probabilities[name]:.3f} ({share:.1%} of the {len(train)} "
+            "per epoch)" for name, share in train.shares().items()))
+        return {"train": train, "heldout": TaggedConcatenation({name: heldout for name, (_, heldout) in splits.items()})}
+
+    def _built_examples(self, workdir, subdirectory: str, patterns) -> str:
+        """<workdir>/<subdirectory> holding the examples of the corpus `patterns` name, built
+        there when absent (again when built with other settings and nothing was trained on them)."""
+        p = self.pretrain
+        if not workdir:
+            raise RunError("pretrain.examples_dir is empty and no workdir was given to build the examples in")
+        directory = os.path.join(workdir, subdirectory)
+        files = _corpus_files(patterns)
+        stale = self.stale_settings(directory, files)
+        if stale:
+            if has_trained_state(workdir):
+                raise RunError(f"{directory} was built with other settings ({'; '.join(stale)}) and this "
+                                 f"workdir has trained on them: use a new --workdir")
+        if stale and jax.process_index() == 0:
+            # Derived data of an earlier attempt in this workdir (config.json guards a run that
+            # trained): built with other settings, so built again rather than used silently.
+            log.warning("%s was built with other settings (%s); building the examples again", directory,
+                        "; ".join(stale))
+            storage.rmtree(directory)
+        if jax.process_count() > 1:  # every process decides on the same (possibly just removed) state
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("nli_jax pretraining examples checked")
+        if not storage.isfile(os.path.join(directory, "examples.json")):
+            if not files:
+                raise FileNotFoundError(f"pretrain.corpus matches no files: {list(patterns)}")
+            if jax.process_index() == 0:
+                create_examples(files, vocabulary_dir(self.model), directory, max_seq_length=self.data.max_seq_length,
+                                short_seq_prob=p.short_seq_prob, sentence_task=p.sentence_task,
+                                dupe_factor=p.dupe_factor, seed=p.data_seed, workers=p.workers,
+                                heldout_permille=p.heldout_permille, progress=False)
+            if jax.process_count() > 1:
                 from jax.experimental import multihost_utils
-                multihost_utils.sync_global_devices("nli_jax pretraining examples checked")
-            if not storage.isfile(os.path.join(directory, "examples.json")):
-                if not files:
-                    raise FileNotFoundError(f"pretrain.corpus matches no files: {list(p.corpus)}")
-                if jax.process_index() == 0:
-                    create_examples(files, vocabulary_dir(self.model), directory, max_seq_length=self.data.max_seq_length,
-                                    short_seq_prob=p.short_seq_prob, sentence_task=p.sentence_task,
-                                    dupe_factor=p.dupe_factor, seed=p.data_seed, workers=p.workers,
-                                    heldout_permille=p.heldout_permille, progress=False)
-                if jax.process_count() > 1:
-                    from jax.experimental import multihost_utils
-                    multihost_utils.sync_global_devices("nli_jax pretraining examples")
+                multihost_utils.sync_global_devices("nli_jax pretraining examples")
+        return directory
+
+    def _splits_of(self, directory: str, source: str):
+        """(training examples, the first pretrain.heldout_examples held-out ones) of an examples
+        directory, checked against the run's vocabulary, length and sentence task."""
+        p = self.pretrain
         train = ExampleSource(directory, "train")
         meta = train.meta
         check_vocabulary(directory, meta, vocabulary_dir(self.model))
         if len(train) == 0:
-            source = (f"pretrain.corpus={list(p.corpus)}" if not p.examples_dir
-                      else f"pretrain.examples_dir={p.examples_dir}")
+            source = f"pretrain.examples_dir={p.examples_dir}" if p.examples_dir else source
             raise RunError(f"{directory} holds no training examples ({source}): the corpus files are empty, or every "
                            "document went to the held-out split; prepare the corpus with python -m "
                            "pretrain.prepare_corpus (one sentence per line, a blank line between documents)")
@@ -208,8 +242,7 @@ class Pretraining(Task):
             raise RunError(f"{directory} was built with sentence_task {meta['sentence_task']!r}, config says "
                              f"{p.sentence_task!r}")
         heldout = ExampleSource(directory, "heldout")
-        limit = min(len(heldout), p.heldout_examples)
-        return {"train": train, "heldout": Subset(heldout, range(limit))}
+        return train, Subset(heldout, range(min(len(heldout), p.heldout_examples)))
 
     def possible_splits(self):
         return {"train", "heldout"}
@@ -222,7 +255,7 @@ class Pretraining(Task):
             directory = p.examples_dir
             return [os.path.join(directory, f) for f in storage.listdir(directory)
                     if storage.isfile(os.path.join(directory, f))]
-        return _corpus_files(p.corpus)
+        return _corpus_files(corpus_globs(p.corpus))
 
     def model_class_and_kwargs(self):
         return ForMaskedLM, {"sentence_head": self.pretrain.sentence_task != "none"}
@@ -304,6 +337,21 @@ class Pretraining(Task):
                        mask_input_constant_baseline=float(most_frequent) / max(masked, 1.0))
         if "sentence_correct" in predictions:
             out["sentence_accuracy"] = float(np.mean(predictions["sentence_correct"]))
+        if self.corpus_names and examples and "corpus" in examples[0]:
+            out.update(self.corpus_report(examples, predictions))
+            log.info("%s MLM accuracy per corpus: %s", split, ", ".join(
+                f"{name} {out[f'mlm_accuracy_{name}']:.4f}" for name in self.corpus_names))
+        return out
+
+    def corpus_report(self, examples, predictions) -> dict:
+        """A mixture's held-out MLM accuracy and masked tokens per corpus."""
+        corpus = np.asarray([int(e["corpus"]) for e in examples])
+        correct, count = np.asarray(predictions["mlm_correct"], np.float64), np.asarray(predictions["mlm_count"], np.float64)
+        out = {}
+        for number, name in enumerate(self.corpus_names):
+            mine = corpus == number
+            out[f"mlm_accuracy_{name}"] = float(correct[mine].sum() / max(count[mine].sum(), 1.0))
+            out[f"masked_tokens_{name}"] = int(count[mine].sum())
         return out
 
     def prediction_records(self, split, examples, predictions):

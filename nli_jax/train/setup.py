@@ -23,7 +23,7 @@ from nli_jax.errors import ConfigValueError, RunError
 from nli_jax.models import make_rngs, preset
 from nli_jax.models.config import EncoderConfig
 from nli_jax.plan import ModelPlan, RunPlan
-from nli_jax.pretraining.vocab_extension import VocabularyGrowth, grow_model, vocabulary_growth
+from nli_jax.pretraining.vocab_extension import ExtensionNotGrown, VocabularyGrowth, grow_model, vocabulary_growth
 from nli_jax.tasks import Task, create_task
 from nli_jax.train import compilation, evaluation
 from nli_jax import planner
@@ -116,12 +116,17 @@ def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
     tokenizer = load_tokenizer(tokenizer_dir)
     encoder_config, model_dir = encoder_config_for(plan.model, tokenizer, model_init)
     growth = None
+    source = model_init or plan.model.init or f"preset {plan.model.preset}"
     # Both are local by now (resolve_directory downloads a gs:// directory once per process).
     if model_dir and storage.resolve(model_dir) != storage.resolve(tokenizer_dir):
-        growth = _vocabulary_growth(task, tokenizer, tokenizer_path, model_dir, encoder_config.vocab_size)
+        try:
+            growth = _vocabulary_growth(task, tokenizer, tokenizer_path, model_dir, encoder_config.vocab_size)
+        except ConfigValueError as e:  # a tokenizer larger than the model is named as such first
+            if not isinstance(e.__cause__, ExtensionNotGrown):
+                planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
+            raise
     if growth:
         encoder_config = dataclasses.replace(encoder_config, vocab_size=growth.vocab_size)
-    source = model_init or plan.model.init or f"preset {plan.model.preset}"
     planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
     return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir, growth)
 
@@ -141,7 +146,7 @@ def _vocabulary_growth(task, tokenizer, tokenizer_path: str, model_dir: str, voc
     try:
         return vocabulary_growth(tokenizer, tokenizer_path, own, model_dir, vocab_size, task.new_token_init())
     except RunError as e:
-        raise ConfigValueError(str(e)) from None
+        raise ConfigValueError(str(e)) from e
 
 
 # --- the run --------------------------------------------------------------------------------
