@@ -74,8 +74,9 @@ def nli_columns(labels, source: str) -> NLIColumns:
     neutral = [i for i, n in enumerate(names) if n.startswith("neutral")]
     unknown = [labels[i] for i in range(len(labels)) if i not in (*entail, *against, *neutral)]
     if len(entail) != 1:
-        raise RunError(f"{source}: its labels {list(labels) or 'none'} have {'no' if not entail else 'more than one'} "
-                       "entailment label: a zero-shot classifier needs an NLI model whose label names say which "
+        which = (f"its labels {list(labels)} have {'no' if not entail else 'more than one'} entailment label" if labels
+                 else "it names no labels (no id2label names in its config.json)")
+        raise RunError(f"{source}: {which}: a zero-shot classifier needs an NLI model whose label names say which "
                        "output is entailment")
     if unknown or len(against) != 1 or len(neutral) > 1:
         raise RunError(f"{source}: labels {list(labels)} cannot be mapped to NLI outcomes ("

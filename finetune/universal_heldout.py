@@ -1,0 +1,150 @@
+"""The held-out-dataset protocol of Laurer et al. (2023) for a universal classifier: for each task
+of --tasks, one universal_nli run trained on NLI (mapped to binary) and every other task recast
+as NLI pairs, then scored zero-shot on the held-out task's split with its own metric, beside the
+majority-class baseline.
+
+    python -m finetune.universal_heldout --config=configs/universal_nli.py --tasks=smsa,emot,wrete,casa,hoasa \\
+        --seeds=1,2,3 --workdir=runs/heldout --config.data.source=../shared/data/indonli \\
+        --config.task_options.recast_source=../shared/data/indonlu
+
+Each cell trains in DIR/heldout_<task>/seed_<s> (resumable; a finished cell is read back, as
+finetune.sweep does) and is scored zero-shot into DIR/heldout_<task>/seed_<s>/zero_shot. The
+held-out task's data is read from task_options.recast_source unless --task_override says
+otherwise. --ceiling also fine-tunes the same model on each held-out task itself
+(DIR/ceiling_<task>/seed_<s>). Writes DIR/table.md (the primary metric x 100, mean (std) over
+seeds) and DIR/heldout.json after every task.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from nli_jax import storage
+from nli_jax.train import cli
+
+config_flags.DEFINE_config_file("config", None, "the universal_nli config (path[:variant])", lock_config=True)
+flags.DEFINE_string("workdir", None, "DIR/heldout_<task>/seed_<s> per cell; table.md and heldout.json at the top")
+flags.DEFINE_list("tasks", None, "classification tasks, each held out once and recast for the others' runs")
+flags.DEFINE_list("seeds", ["1"], "random restarts (train.seed) per held-out task")
+flags.DEFINE_string("split", "validation", "the held-out task's split scored zero-shot")
+flags.DEFINE_multi_string("task_override", [], "key=value for the held-out tasks' configs (default data.source: "
+                          "task_options.recast_source)")
+flags.DEFINE_bool("multi_label", False, "score labels as the pipeline's multi_label=True")
+flags.DEFINE_bool("ceiling", False, "also fine-tune the same model on each held-out task itself (DIR/ceiling_<task>/"
+                  "seed_<s>, the config's model, optimizer and training settings): the table's ceiling column")
+flags.mark_flags_as_required(["config", "workdir", "tasks"])
+FLAGS = flags.FLAGS
+
+
+def heldout_config(config, heldout: str, tasks, seed: int):
+    """The universal run's config with every task but `heldout` recast, at `seed`."""
+    from finetune.sweep import with_lr_and_seed
+    cell = with_lr_and_seed(config, seed=seed)
+    with cell.unlocked():
+        cell.task_options.recast_tasks = ",".join(t for t in tasks if t != heldout)
+    return cell
+
+
+def target_config(config, task: str, overrides):
+    """The held-out task's config: its defaults, data from recast_source, then `overrides`."""
+    from nli_jax.plan import default_config
+    from nli_jax.tasks import options_config
+    target = default_config(task, options_config(task))
+    target.data.source = config.task_options.recast_source
+    target.data.tfds_dir = config.data.tfds_dir
+    cli.apply_overrides(target, overrides)
+    return target
+
+
+def ceiling_config(config, task: str, overrides, seed: int):
+    """The held-out task fine-tuned on itself with the universal run's model, optimizer and
+    training settings: the ceiling a zero-shot score is read against."""
+    target = target_config(config, task, overrides)
+    with target.unlocked():
+        for section in ("model", "optimizer", "train"):
+            target[section] = config[section].copy_and_resolve_references()
+        target.data.max_seq_length = config.data.max_seq_length
+        target.train.seed = seed
+        target.seeds = ()
+    return target
+
+
+def _ceiling(config, heldout, seed, workdir):
+    from finetune.sweep import run_cell
+    from nli_jax.errors import RunError
+    run_dir = storage.under(workdir, f"ceiling_{heldout}", f"seed_{seed}")
+    outcome = run_cell(ceiling_config(config, heldout, FLAGS.task_override, seed), run_dir)
+    if outcome["status"] == "failed":
+        raise RunError(f"{run_dir}: training failed: {outcome['error']}")
+    return outcome["results"]
+
+
+def _cell(config, tasks, heldout, seed, workdir, canary):
+    from finetune.sweep import run_cell
+    from nli_jax.errors import RunError
+    from nli_jax.zero_shot import classify
+    run_dir = storage.under(workdir, f"heldout_{heldout}", f"seed_{seed}")
+    outcome = run_cell(heldout_config(config, heldout, tasks, seed), run_dir, canary=canary)
+    if outcome["status"] == "failed":
+        raise RunError(f"{run_dir}: training failed: {outcome['error']}")
+    scored = storage.under(run_dir, "zero_shot")
+    done = storage.read_json_object(os.path.join(scored, "results.json"))
+    if done is not None:  # scored by an earlier attempt
+        return done
+    return classify(run_dir, target_config(config, heldout, FLAGS.task_override), workdir=scored,
+                    splits=(FLAGS.split,), multi_label=FLAGS.multi_label)
+
+
+def table(rows: dict) -> str:
+    """Markdown: task, metric, zero-shot and majority baseline (x 100, mean (std) over seeds)."""
+    def cell(values):
+        values = [100 * v for v in values]
+        return f"{np.mean(values):.2f} ({np.std(values, ddof=1) if len(values) > 1 else 0.0:.2f})"
+    ceiling = any(row.get("ceiling") for row in rows.values())
+    lines = ["| held-out task | metric | seeds | zero-shot | majority baseline |" + (" fine-tuned (ceiling) |" if ceiling else ""),
+             "|---|---|---|---|---|" + ("---|" if ceiling else "")]
+    for task, row in rows.items():
+        lines.append(f"| {task} | {row['metric']} | {','.join(map(str, row['seeds']))} | {cell(row['zero_shot'])} | "
+                     f"{cell(row['majority'])} |" + (f" {cell(row['ceiling'])} |" if ceiling else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    from nli_jax.errors import RunError
+    from nli_jax.tasks import TASKS
+    from nli_jax.train.reporting import write_json
+    tasks = [t.strip() for t in FLAGS.tasks if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if len(tasks) < 2 or unknown or len(set(tasks)) != len(tasks):
+        raise RunError(f"--tasks={','.join(FLAGS.tasks)}: at least two distinct registered tasks"
+                       + (f"; unknown {unknown}" if unknown else ""))
+    config = FLAGS.config
+    if config.task != "universal_nli":
+        raise RunError(f"--config is a config of task {config.task!r}, not universal_nli")
+    rows = {}
+    for heldout in tasks:
+        row = rows[heldout] = {"seeds": [], "zero_shot": [], "majority": [], "ceiling": []}
+        for seed in (int(s) for s in FLAGS.seeds):
+            results = _cell(config, tasks, heldout, seed, FLAGS.workdir, canary=not rows or len(rows) == 1)
+            report = results["splits"][FLAGS.split]
+            row["metric"] = results["primary_metric"]
+            row["seeds"].append(seed)
+            row["zero_shot"].append(report[row["metric"]])
+            row["majority"].append(report["majority_baseline"][row["metric"]])
+            if FLAGS.ceiling:
+                row["ceiling"].append(_ceiling(config, heldout, seed, FLAGS.workdir)["splits"][FLAGS.split][row["metric"]])
+        storage.write_text(storage.under(FLAGS.workdir, "table.md"), table(rows))
+        write_json(storage.under(FLAGS.workdir, "heldout.json"), rows)
+    print(table(rows), end="")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    cli.run(main)
