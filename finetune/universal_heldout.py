@@ -23,7 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from nli_jax import storage
-from nli_jax.train import cli
+from nli_jax import cli
 
 config_flags.DEFINE_config_file("config", None, "the universal_nli config (path[:variant])", lock_config=True)
 flags.DEFINE_string("workdir", None, "DIR/heldout_<task>/seed_<s> per cell; table.md and heldout.json at the top")

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, config_for
 from nli_jax.errors import ConfigValueError
-from nli_jax.train.planner import build_plan
+from nli_jax.planner import build_plan
 from nli_jax.tasks import create_task
 from nli_jax.tasks.universal import BINARY_LABELS, cap_per_class, recast
 from nli_jax.verbalizers import verbalizer_for

@@ -23,7 +23,7 @@ from nli_jax import storage
 from nli_jax.metrics import precision_recall_f1
 from nli_jax.plan import default_config
 from nli_jax.tasks import options_config
-from nli_jax.train import cli
+from nli_jax import cli
 from nli_jax.train.reporting import write_json
 from nli_jax.verbalizers import SENTIMENT, verbalizer_for
 
