@@ -45,7 +45,11 @@ def padding_row_zeroed(init, row: int):
     its outputs are not scored); only the starting value differed (tests/test_initialisation.py)."""
     def initialise(key, shape, dtype=jnp.float32):
         table = init(key, shape, dtype)
-        return table.at[row].set(0) if 0 <= row < shape[0] else table
+        if not 0 <= row < shape[0]:
+            return table
+        keep = np.ones((shape[0],) + (1,) * (len(shape) - 1), np.float32)
+        keep[row] = 0.0
+        return table * jnp.asarray(keep, table.dtype)
     return initialise
 
 
