@@ -257,3 +257,40 @@ def test_crammed_tpu_projection(tmp_path):
         assert row["tokens_per_hour"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"] * 3600)
         assert row["compiler_flops_per_token"] == pytest.approx(row["formula_flops_per_token"], rel=0.5)
     assert_ratio(result, "first_over_last_tokens_per_hour", crammed["tokens_per_hour"], bert["tokens_per_hour"])
+
+
+def test_zero_shot_experiment_scores_nusax_languages_against_the_majority(tmp_path):
+    """benchmarks.experiments.zero_shot_indonesian (issue 50) on a random NLI checkpoint and two synthetic
+    NusaX languages: its macro-F1 is scikit-learn's on the model's own scores, beside the majority baseline."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from nli_jax.zero_shot import load_model
+    from test_zero_shot import SENTIMENT_ROWS, _nli_checkpoint
+    from sklearn.metrics import f1_score
+    checkpoint = _nli_checkpoint(tmp_path / "nli", "bert", ("entailment", "neutral", "contradiction"))
+    valid = SENTIMENT_ROWS + SENTIMENT_ROWS[3:4]  # positive 3 times: a constant prediction's F1 depends on its label
+    for language in ("javanese", "sundanese"):
+        folder = tmp_path / "nusax" / "sentiment" / language
+        folder.mkdir(parents=True)
+        for split, rows in (("train", SENTIMENT_ROWS + SENTIMENT_ROWS[:1]), ("valid", valid)):
+            (folder / f"{split}.csv").write_text("id,text,label\n" + "".join(
+                f'{i},"{t}",{label}\n' for i, (t, label) in enumerate(rows)), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.experiments.zero_shot_indonesian",
+                           f"--checkpoints={checkpoint}", f"--nusax={tmp_path / 'nusax'}", "--languages=javanese,sundanese",
+                           f"--workdir={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())[checkpoint]
+    model = load_model(checkpoint, workdir=str(tmp_path / "work"))
+    labels = ["negative", "neutral", "positive"]
+    predicted = model.scores([t for t, _ in valid], ["negatif", "netral", "positif"], "Sentimen teks ini {}.").argmax(-1)
+    gold = [label for _, label in valid]
+    expected = f1_score(gold, [labels[i] for i in predicted], average="macro", zero_division=0)
+    assert results["nusax_javanese"]["f1"] == pytest.approx(expected, abs=1e-9)
+    # The training split's most frequent label ("positive": one more row) predicted throughout.
+    assert results["nusax_sundanese"]["majority_f1"] == pytest.approx(
+        f1_score(gold, ["positive"] * len(gold), average="macro", zero_division=0))
+    assert "| nusax_javanese |" in (tmp_path / "out" / "table.md").read_text()

@@ -209,6 +209,9 @@ ALLOWED_WRITERS = {
     ("nli_jax/analysis/cartography.py", "fig.savefig(buffer"),
     ("nli_jax/hooks/dynamics.py", "np.savez(buffer"),
     ("nli_jax/pretraining/examples.py", "os.open(path, os.O_RDONLY)"),  # read-only, to fsync what was written
+    ("nli_jax/pretraining/vocab_extension.py", "tempfile.TemporaryDirectory(dir=output_dir)"),  # a fresh name of its own
+    ("finetune/nusax_benchmark.py", "fig.savefig(buffer"),  # into memory, then storage.write_bytes
+    ("nli_jax/zero_shot.py", 'tempfile.mkdtemp(prefix="nli_jax_zero_shot_")'),  # a fresh private directory
 }
 WRITE_PATTERN = re.compile(
     r"\bopen\([^)]*['\"][wax]b?\+?['\"]|os\.open\(|FileHandler\(|os\.makedirs\(|shutil\.(copy|move|copytree)|"

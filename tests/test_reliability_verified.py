@@ -163,6 +163,9 @@ def test_a_runs_own_json_beyond_the_bounds_is_refused_naming_it(tmp_path):
 
 
 def test_a_json_array_file_is_read_in_linear_time_with_progress(tmp_path, monkeypatch, caplog):
+    # nli-jax's logger stops propagating once a run in this worker set it up: caplog reads the root's.
+    import logging as logging_
+    monkeypatch.setattr(logging_.getLogger("nli_jax"), "propagate", True)
     """40k records of a JSON-array file took 66 s (every record's line counted from the file's
     start); the same rows as JSON lines took a second. A long read logs its progress."""
     import logging

@@ -100,8 +100,9 @@ def test_a_cpu_only_machine_does_not_start_libtpu():
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY",
                                                             "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
     probe = "import jax; print(jax.default_backend(), len(jax.devices()))"
-    skipped = subprocess.run([sys.executable, "-c", "from nli_jax.cli import platforms; "
-                              "assert platforms.skip_absent_tpu(); " + probe],
+    # `import nli_jax` (every command line's first import, and the library's) asks for the CPU alone.
+    skipped = subprocess.run([sys.executable, "-c", "import os, nli_jax; "
+                              "assert os.environ.get('JAX_PLATFORMS') == 'cpu'; " + probe],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert skipped.returncode == 0, skipped.stderr
     assert skipped.stdout.split() == ["cpu", "1"]

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -172,7 +171,7 @@ def write_extended_tokenizer(directory: str, output_dir: str, tokenizer, kind: s
             config.pop("vocab_file", None)  # the SentencePiece model left out
             storage.write_text(storage.under(output_dir, name), json.dumps(config, indent=2, ensure_ascii=False))
         else:
-            shutil.copyfile(source, os.path.join(output_dir, name))
+            storage.write_bytes(storage.under(output_dir, name), storage.read_bytes(source))
     return left_out
 
 
