@@ -339,10 +339,11 @@ def test_model_init_of_a_run_directory_names_it(trained_run):
 OLD_COMMIT = "5272312"  # the last commit whose checkpoints carry neither run identity nor content digest
 # Runs the old code's training until its checkpoint of step 2 is written, then ends the process
 # (as a kill would: run.json stays "running").
+# Code of 5272312 (the layout then: nli_jax.train.cli), run from its own tree.
 OLD_RUN = """
 import os, sys
 from nli_jax.train import checkpointing, loop
-from nli_jax.cli import apply_overrides
+from nli_jax.train.cli import apply_overrides
 import importlib
 save = checkpointing.Checkpointer.save
 def save_then_die(self, step, *args, **kwargs):
