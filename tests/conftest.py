@@ -141,3 +141,21 @@ def task_for(config):
     from nli_jax.tasks import create_task
     from nli_jax.planner import build_plan
     return create_task(build_plan(config, training=False))
+
+
+@pytest.fixture()
+def nli_log():
+    """The lines logged to nli-jax's logger (which does not propagate once a run set it up)."""
+    import logging
+    lines = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    logger = logging.getLogger("nli_jax")
+    handler, level = Handler(level=logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)

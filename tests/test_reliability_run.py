@@ -97,22 +97,6 @@ def tiny_checkpoint(tmp_path_factory):
     return directory
 
 
-@pytest.fixture()
-def nli_log():
-    """The lines logged to nli-jax's logger (which does not propagate once a run set it up)."""
-    lines = []
-
-    class Handler(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-    logger = logging.getLogger("nli_jax")
-    handler, level = Handler(level=logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
 
 def checkpoint_with(tmp_path, tiny_checkpoint, name, change):
     """A copy of the tiny checkpoint whose tensor `name` is change(tensor)."""

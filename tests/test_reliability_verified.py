@@ -244,22 +244,6 @@ def flip_three_bytes(directory):
     largest.write_bytes(bytes(data))
 
 
-@pytest.fixture()
-def nli_log():
-    import logging
-    lines = []
-
-    class Handler(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-    logger = logging.getLogger("nli_jax")
-    handler, level = Handler(level=logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
 
 def test_flipped_bytes_in_best_are_refused_by_the_tools(trained_run, tmp_path):
     """Three bytes flipped in a file of best/: finetune.evaluate exited 0 reporting what the

@@ -226,18 +226,19 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
                 evaluation, record = _validate(run, ckpt, reporter, state, step, steps, record, selects=selects)
                 if record.best_step == step:
                     best_evaluation = (step, evaluation)
-            record = record.with_tokens(padding.totals())  # what results.json reports survives a resume
             final = step == steps.total_steps or record.stopped_early
             if step % steps.checkpoint_every == 0 or final or step in milestones:
                 pending = finite.check(pending)  # a diverged step is never saved nor exported
                 if step in milestones:
                     _export_milestone(run, state["params"], milestones[step], step)
                 workdir_lib.check_still_there(run.workdir, f"the checkpoint of step {step} was")
+                record = record.with_tokens(padding.totals())  # saved with it: results.json's counts survive a resume
                 _save(ckpt, hooks, step, state, train_iter, record, final=final)
                 finite.saved(step)
                 workdir_lib.write_state(run.workdir, "running", step=step, best_step=record.best_step, **run_state)
             if preemption.reached(step):
                 pending = finite.check(pending)
+                record = record.with_tokens(padding.totals())
                 _save(ckpt, hooks, step, state, train_iter, record, force=True)
                 ckpt.close()
                 workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=record.best_step, **run_state)
