@@ -37,6 +37,7 @@ import functools
 import importlib.util
 import os
 import time
+import traceback
 
 # JAX and PyTorch share the device: JAX takes memory as it needs it instead of 75% up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -199,8 +200,16 @@ def main(argv=None):
             result["rows"].append({"name": row.name, "skipped": f"--budget_s {args.budget_s:.0f} spent"})
             print(f"  {row.name}: skipped (--budget_s {args.budget_s:.0f} s spent)", flush=True)
             continue
-        calls, flops_per_token = sides_for(row, torch_device)
-        timings = harness.time_sides(calls, rounds=rounds, calls=steps, warmup=2)
+        try:
+            calls, flops_per_token = sides_for(row, torch_device)
+            timings = harness.time_sides(calls, rounds=rounds, calls=steps, warmup=2)
+        except Exception as error:  # noqa: BLE001 - one failing row must not cost a lease the others
+            result["rows"].append({"name": row.name, "error": f"{type(error).__name__}: {error}"})
+            traceback.print_exc()
+            print(f"  {row.name}: FAILED {type(error).__name__}: {error}", flush=True)
+            calls = None
+            torch.cuda.empty_cache() if torch_device == "cuda" else None
+            continue
         tokens = row.batch * row.length
         entry = {"name": row.name, "model": row.model, "task": row.task, "batch": row.batch, "length": row.length,
                  "training_flops_per_token": flops_per_token, "sides": {}}
@@ -220,7 +229,7 @@ def main(argv=None):
     print(f"\nFor docs/performance.md ({datetime.date.today().isoformat()}, {result['seconds']:.0f} s):")
     print("| accelerator (date) | measurement | command | nli-jax | transformers + PyTorch | ratio |\n|---|---|---|---|---|---|")
     for entry in result["rows"]:
-        if "skipped" in entry:
+        if "skipped" in entry or "error" in entry:
             continue
         print(f"| {device_kind}, {jax.__version__} / torch {torch.__version__} ({datetime.date.today().isoformat()}) "
               f"| {entry['name']}, bf16, the loop's own step | `{harness.command()}` | {_side(entry['sides']['nli-jax'])} "
