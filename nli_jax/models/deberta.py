@@ -58,7 +58,7 @@ from flax import nnx
 from nli_jax.checkpoints import hf
 from nli_jax.models import attention, families
 from nli_jax.models.config import ACTIVATIONS, ConfigError, EncoderConfig, hf_common, hf_fields
-from nli_jax.models.encoder import (EMBED, HEADS, HIDDEN, KV, POSITION, TYPE, VOCAB, Dropout, TransformerLayer,
+from nli_jax.models.encoder import (EMBED, HEADS, HIDDEN, KV, POSITION, TYPE, VOCAB, Dropout, Embed, TransformerLayer,
                                     activation, batch_sharded, dense, first_tokens, layer_norm, layer_runner, normal,
                                     padding_row_zeroed, partitioned, scan_layers, stacked_layers)
 
@@ -179,7 +179,7 @@ class DebertaEmbeddings(nnx.Module):
         self.config = config
         e = config.embed_dim
         def emb(n, axes, init=normal(config)):
-            return nnx.Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
+            return Embed(n, e, dtype=config.compute_dtype, param_dtype=jnp.float32,
                              embedding_init=partitioned(init, *axes), rngs=rngs)
         self.word = emb(config.vocab_size, (VOCAB, EMBED), padding_row_zeroed(normal(config), config.pad_token_id))
         self.position = emb(config.max_position_embeddings, (POSITION, EMBED)) if o.position_biased_input else None

@@ -43,7 +43,7 @@ from nli_jax.checkpoints import hf
 from nli_jax.errors import ConfigError
 from nli_jax.models import attention, families
 from nli_jax.models.config import ACTIVATIONS, EncoderConfig
-from nli_jax.models.encoder import (EMBED, HEADS, HIDDEN, KV, LAYERS, MLP, VOCAB, Dropout, _SAVED, _SCAN_DETERMINISTIC,
+from nli_jax.models.encoder import (EMBED, HEADS, HIDDEN, KV, LAYERS, MLP, VOCAB, Dropout, Embed, _SAVED, _SCAN_DETERMINISTIC,
                                     _SCAN_TRAINING, _cache_sized_rows, activation, batch_sharded, first_tokens,
                                     partitioned)
 from nli_jax.models.heads import LABELS, gather_positions
@@ -253,7 +253,7 @@ class Embeddings(nnx.Module):
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.word = nnx.Embed(config.vocab_size, config.hidden_size, dtype=config.compute_dtype,
+        self.word = Embed(config.vocab_size, config.hidden_size, dtype=config.compute_dtype,
                               param_dtype=jnp.float32, embedding_init=_init(config, "in", VOCAB, EMBED), rngs=rngs)
         self.norm = norm(config, rngs=rngs)
         self.dropout = Dropout(options(config).embedding_dropout, rngs=rngs)
