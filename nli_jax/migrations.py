@@ -16,6 +16,9 @@ _TO_TASK_OPTIONS = ("data.hypothesis_only", "data.word_alignment", "data.train_s
                     "pretrain.max_predictions", "pretrain.random_token_low", "pretrain.generator_fraction",
                     "pretrain.discriminator_weight")
 
+# The task of a config.json written before configs had a `task` key: those runs were IndoNLI's.
+TASK_OF_CONFIGS_WITHOUT_ONE = "indonli"
+
 # old key -> today's key
 MOVED_KEYS = {
     **{key: f"task_options.{key.split('.', 1)[1]}" for key in _TO_TASK_OPTIONS},

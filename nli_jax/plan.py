@@ -73,6 +73,7 @@ LEGACY_VALUES = {"model.remat": remat_policy_name, "mesh.rules": mesh_rules_with
 # --- the config's sections ------------------------------------------------------------------
 
 # Logical axis names of parameters and activations -> mesh axes (nli_jax.train.mesh), MaxText-style.
+# A name without a rule is not sharded: a family's own axes (its module says which) need none.
 MESH_RULES = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
@@ -84,8 +85,6 @@ MESH_RULES = (
     ("position", None),
     ("token_type", None),
     ("labels", None),
-    ("qkv", None),  # ModernBERT's fused projection: q, k, v (heads split over "tensor" as above)
-    ("glu", None),  # ModernBERT's GeGLU: input and gate halves (each split along "mlp")
     ("layers", None),  # the leading axis of scanned layers' parameters (model.scan_layers): never sharded
 )
 MESH_SHAPE = {"data": -1, "fsdp": 1, "tensor": 1}  # -1: the devices the other axes leave

@@ -96,7 +96,7 @@ def saved_config(workdir: str):
         if isinstance(node, dict):
             return {k: tuples(v) for k, v in node.items()}
         return tuple(tuples(v) for v in node) if isinstance(node, list) else node
-    task = saved.get("task", "indonli")
+    task = saved.get("task", migrations.TASK_OF_CONFIGS_WITHOUT_ONE)
     defaults = P.default_config(task, P.section_defaults(options_class(task)), pretrain="pretrain" in saved)
     return ml_collections.ConfigDict(tuples(merged(config_dict(defaults), saved)))
 

@@ -39,6 +39,25 @@ def test_albert_sharing_keeps_parameters_constant_across_depth():
     assert grouped.layer_schedule() == (0, 1, 0, 1, 2, 3, 2, 3)
 
 
+def test_a_family_option_lives_with_its_family_and_overrides_reach_it():
+    """ALBERT's layer sharing is AlbertOptions (nli_jax/models/bert.py), not a shared EncoderConfig
+    field; overrides by its config.json names reach it (preset, from_hf_dict), unknown names and
+    a depth the groups do not divide are refused in one line."""
+    import dataclasses
+    from nli_jax.models.bert import AlbertOptions
+    assert "num_hidden_groups" not in {f.name for f in dataclasses.fields(EncoderConfig)}
+    grouped = preset("tiny-albert", num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2)
+    assert grouped.family_options == AlbertOptions(num_hidden_groups=2, inner_group_num=2)
+    assert EncoderConfig.from_hf_dict(grouped.to_hf_dict()) == grouped
+    assert EncoderConfig.from_hf_dict(grouped.to_hf_dict(), inner_group_num=1).family_options.inner_group_num == 1
+    with pytest.raises(ConfigError, match="num_hidden_groups"):
+        preset("tiny-bert", num_hidden_groups=2)
+    with pytest.raises(ConfigError, match="nosuch"):
+        EncoderConfig.from_hf_dict(grouped.to_hf_dict(), nosuch=1)
+    with pytest.raises(ConfigError, match="not divisible by num_hidden_groups 2"):
+        preset("tiny-albert", num_hidden_layers=3, num_hidden_groups=2)
+
+
 def test_every_parameter_has_logical_axis_names():
     model = ForMaskedLM(preset("tiny-albert"), sentence_head=True, rngs=nnx.Rngs(0))
     specs = nnx.get_partition_spec(nnx.state(model, nnx.Param))

@@ -25,7 +25,7 @@ def _flat(config: dict) -> dict:
 
 def differences(then: dict, now: dict) -> list[str]:
     from nli_jax import migrations
-    from nli_jax.plan import default_config, section_defaults
+    from nli_jax.plan import LEGACY_VALUES, default_config, section_defaults
     from nli_jax.tasks import options_class
     options = options_class(now["task"])
     older = _flat(migrations.upgrade_config_json(then, options))
@@ -38,9 +38,17 @@ def differences(then: dict, now: dict) -> list[str]:
         elif key not in older:
             if defaults.get(key, object()) != current[key]:
                 out.append(f"{key}: new, {current[key]!r} is not its default {defaults.get(key)!r}")
-        elif older[key] != current[key]:
+        elif _meaning(LEGACY_VALUES, key, older[key]) != _meaning(LEGACY_VALUES, key, current[key]):
             out.append(f"{key}: {older[key]!r} -> {current[key]!r}")
     return out
+
+
+def _meaning(legacy_values: dict, key: str, value):
+    """A value as the workdir check compares it: through plan.LEGACY_VALUES where an older spelling
+    means the same (mesh.rules without its (name, None) rules: a name without a rule is not sharded)."""
+    normalise = legacy_values.get(key)
+    value = [tuple(v) if isinstance(v, list) else v for v in value] if isinstance(value, list) else value
+    return normalise(value) if normalise else value
 
 
 # What changed on purpose since 5272312, by recipe: the overlap check (issue 49) lets the two corpora

@@ -158,3 +158,41 @@ def test_every_config_override_the_docs_suggest_names_a_key():
     assert len(suggested) > 30
     unknown = sorted((page, key) for page, key in suggested if not any(has_key(c, key) is True for c in configs))
     assert not unknown, unknown
+
+
+# The shared modules every run reads: a component (schedule, hook, model family, task) is named in
+# its own module and its registry, never here. Defaults of a shared field are the one exception.
+SHARED_MODULES = ("nli_jax/plan.py", "nli_jax/planner.py", "nli_jax/models/config.py", "nli_jax/train")
+SHARED_DEFAULTS = {("nli_jax/plan.py", "constant"),  # OptimizerPlan.schedule's default
+                   ("nli_jax/models/config.py", "bert")}  # EncoderConfig.model_type's default
+
+
+def _named_components() -> dict[str, set[str]]:
+    from nli_jax.hooks import HOOKS
+    from nli_jax.models import families
+    from nli_jax.schedules import SCHEDULES
+    from nli_jax.tasks import TASKS
+    return {"schedule": set(SCHEDULES.names()), "hook": set(HOOKS.names()),
+            "model family": set(families.model_types()), "task": set(TASKS)}
+
+
+def _string_literals(tree) -> list[ast.Constant]:
+    """String constants of `tree` other than docstrings."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and ast.get_docstring(node) is not None}
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings]
+
+
+def test_shared_modules_name_no_component():
+    """No schedule, hook, model family or task name is a string in plan.py, the planner, the shared
+    EncoderConfig or the loop's package: each lives with its component (issue 48)."""
+    components = _named_components()
+    paths = [path for name in SHARED_MODULES for path in
+             (sorted((REPO / name).glob("*.py")) if (REPO / name).is_dir() else [REPO / name])]
+    found = sorted((str(path.relative_to(REPO)), node.lineno, kind, node.value)
+                   for path in paths for node in _string_literals(ast.parse(path.read_text(encoding="utf-8")))
+                   for kind, names in components.items() if node.value in names
+                   and (str(path.relative_to(REPO)), node.value) not in SHARED_DEFAULTS)
+    assert not found, found

@@ -45,11 +45,8 @@ class EncoderConfig:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
-    # ALBERT and ELECTRA: factorised embeddings (ALBERT also shares layers across depth). None
-    # means "as hidden_size".
+    # ALBERT, ELECTRA and DeBERTa: factorised embeddings. None means "as hidden_size".
     embedding_size: int | None = None
-    num_hidden_groups: int = 1
-    inner_group_num: int = 1
     # Dropout before a classification head; None means hidden_dropout_prob (as in BERT).
     classifier_dropout: float | None = None
     # Compute dtype; parameters are always float32.
@@ -86,22 +83,14 @@ class EncoderConfig:
             raise ConfigError(f"unknown attention {self.attention!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; expected one of {tuple(_DTYPES)}")
-        if self.is_albert and self.num_hidden_layers % self.num_hidden_groups:
-            raise ConfigError(f"num_hidden_layers {self.num_hidden_layers} is not divisible by "
-                              f"num_hidden_groups {self.num_hidden_groups}")
+        self.layer_schedule()  # a family that shares layers checks its options against the depth
 
     # --- derived properties -------------------------------------------------------------
     @property
-    def is_albert(self) -> bool:
-        return self.model_type == "albert"
-
-    @property
-    def is_roberta(self) -> bool:
-        return self.model_type in ("xlm-roberta", "roberta")
-
-    @property
-    def is_electra(self) -> bool:
-        return self.model_type == "electra"
+    def positions_after_padding(self) -> bool:
+        """Positions count from pad_token_id + 1, padding tokens take the padding index (the family's
+        positions_after_padding: RoBERTa, XLM-R)."""
+        return families.get(self.model_type).positions_after_padding
 
     @property
     def has_pooler(self) -> bool:
@@ -124,38 +113,29 @@ class EncoderConfig:
 
     @property
     def position_offset(self) -> int:
-        """RoBERTa numbers positions from pad_token_id + 1; BERT and ALBERT from 0."""
-        return self.pad_token_id + 1 if self.is_roberta else 0
+        """pad_token_id + 1 where positions count after the padding index (RoBERTa), else 0."""
+        return self.pad_token_id + 1 if self.positions_after_padding else 0
 
     @property
     def classifier_dropout_rate(self) -> float:
         return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
 
     def layer_schedule(self) -> tuple[int, ...]:
-        """Which unique layer runs at each depth.
-
-        BERT: one layer per depth. ALBERT: `num_hidden_groups` groups of `inner_group_num`
-        layers; depth i uses group i // (num_hidden_layers // num_hidden_groups) and runs all of
-        that group's inner layers, exactly as Hugging Face's AlbertTransformer does.
-        """
-        if not self.is_albert:
-            return tuple(range(self.num_hidden_layers))
-        per_group = self.num_hidden_layers // self.num_hidden_groups
-        schedule = []
-        for depth in range(self.num_hidden_layers):
-            group = depth // per_group
-            schedule.extend(group * self.inner_group_num + j for j in range(self.inner_group_num))
-        return tuple(schedule)
+        """Which unique layer runs at each depth: one layer per depth, unless the family shares
+        layers across depth (its Family.layer_schedule: ALBERT's groups)."""
+        shared = families.get(self.model_type).layer_schedule
+        return shared(self) if shared is not None else tuple(range(self.num_hidden_layers))
 
     @property
     def scans_layers(self) -> bool:
-        """Whether the encoder scans its layers: scan_layers, except ALBERT, whose few shared
-        layers run by `layer_schedule` in a loop (one compiled layer per unique layer already)."""
-        return self.scan_layers and not self.is_albert
+        """Whether the encoder scans its layers: scan_layers, except in a family that shares layers
+        across depth (ALBERT), whose few unique layers run by `layer_schedule` in a loop (one
+        compiled layer per unique layer already)."""
+        return self.scan_layers and families.get(self.model_type).layer_schedule is None
 
     @property
     def num_unique_layers(self) -> int:
-        return self.num_hidden_groups * self.inner_group_num if self.is_albert else self.num_hidden_layers
+        return max(self.layer_schedule(), default=-1) + 1
 
     def replace(self, **changes) -> "EncoderConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -172,8 +152,13 @@ class EncoderConfig:
         if model_type not in families.model_types():
             raise ConfigError(f"unsupported model_type {model_type!r} in config.json; nli-jax supports "
                               f"{families.model_types()}")
-        kwargs = families.get(model_type).from_hf(d)
-        kwargs.update(overrides)
+        shared = {f.name for f in dataclasses.fields(cls)}
+        own = {k: v for k, v in overrides.items() if k not in shared}  # the family's options: its config.json keys
+        kwargs = families.get(model_type).from_hf({**d, **own})
+        missed = sorted(k for k in own if not hasattr(kwargs.get("family_options"), k))
+        if missed:
+            raise ConfigError(f"unknown EncoderConfig field(s) {missed} (nor {model_type} options)")
+        kwargs.update({k: v for k, v in overrides.items() if k in shared})
         return cls(**kwargs)
 
     def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:

@@ -435,8 +435,7 @@ def from_hf(d: dict[str, Any]) -> dict[str, Any]:
     kwargs = hf_fields(d, skip=(*_OPTION_KEYS, "cls_dropout", "pooler_hidden_size", "attention_head_size"))
     for key, value in _HF_DEFAULTS.items():
         kwargs.setdefault(key, value)
-    for key in ("num_hidden_groups", "inner_group_num", "classifier_dropout"):  # not DeBERTa's
-        kwargs.pop(key, None)
+    kwargs.pop("classifier_dropout", None)  # not DeBERTa's
     if d.get("cls_dropout") is not None:
         kwargs["classifier_dropout"] = d["cls_dropout"]
     values = {k: d[k] for k in _OPTION_KEYS if d.get(k) is not None}

@@ -158,7 +158,7 @@ class Embeddings(nnx.Module):
                              embedding_init=partitioned(init, *axes), rngs=rngs)
         self.word = emb(config.vocab_size, (VOCAB, EMBED), padding_row_zeroed(normal(config), config.pad_token_id))
         self.position = emb(config.max_position_embeddings, (POSITION, EMBED),
-                            padding_row_zeroed(normal(config), config.pad_token_id) if config.is_roberta
+                            padding_row_zeroed(normal(config), config.pad_token_id) if config.positions_after_padding
                             else normal(config))
         self.token_type = emb(config.type_vocab_size, (TYPE, EMBED))
         self.norm = layer_norm(config, e, EMBED, rngs=rngs)
@@ -168,8 +168,8 @@ class Embeddings(nnx.Module):
         c = self.config
         if packing is not None:  # packed rows: positions restart at each example
             positions, segments = packing["position_ids"], packing["segment_ids"]
-            return jnp.where(segments > 0, positions + c.position_offset, c.pad_token_id) if c.is_roberta else positions
-        if c.is_roberta:
+            return jnp.where(segments > 0, positions + c.position_offset, c.pad_token_id) if c.positions_after_padding else positions
+        if c.positions_after_padding:
             # As Hugging Face's create_position_ids_from_input_ids: padding tokens keep the
             # padding index, real tokens count up from pad_token_id + 1.
             not_pad = (input_ids != c.pad_token_id).astype(jnp.int32)

@@ -55,6 +55,18 @@ and configs.
   heads               head classes the family replaces, by role ("masked_lm", "sequence",
                       "token", "multi_aspect"), built with the default head's arguments
                       (nli_jax.models.heads); empty: the defaults
+  layer_schedule      config -> which unique layer runs at each depth, for a family whose layers
+                      are shared across depth (ALBERT); it raises ConfigError for a config its
+                      options cannot schedule. None: one layer per depth (and model.scan_layers
+                      may scan them)
+  positions_after_padding
+                      whether positions count from pad_token_id + 1 and padding tokens take the
+                      padding index (RoBERTa, XLM-R), rather than from 0
+  classifier_activation
+                      the activation of the classification head's own dense layer (a family
+                      without classifier_pooler): "tanh", or ELECTRA's "gelu"
+  sentence_head       whether transformers has a pretraining class with BERT's sentence (NSP)
+                      head for the family (RoBERTa and XLM-R have none)
   tokenizer_ids       config.json keys of special-token ids that transformers' config class
                       defaults to its own vocabulary's (ModernBERT: cls 50281, sep 50282), each
                       with the tokenizer attribute that gives it: an export with a tokenizer
@@ -86,6 +98,10 @@ class Family:
     classifier_pooler: bool = True
     heads: Mapping[str, type] = dataclasses.field(default_factory=dict)
     tokenizer_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    layer_schedule: Callable[[Any], tuple[int, ...]] | None = None
+    positions_after_padding: bool = False
+    classifier_activation: str = "tanh"
+    sentence_head: bool = True
 
     def in_base_model(self, name: str) -> bool:
         """Whether a Hugging Face weight name (without prefix) belongs to the base model."""

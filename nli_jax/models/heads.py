@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nli_jax.models.config import EncoderConfig
+from nli_jax.models import families
 from nli_jax.models.encoder import EMBED, HIDDEN, VOCAB, Dropout, activation, dense, layer_norm, partitioned
 
 LABELS = "labels"
@@ -60,7 +61,7 @@ class SequenceClassificationHead(nnx.Module):
         own = not config.has_pooler
         self.dense = dense(config, config.hidden_size, config.hidden_size, (EMBED, HIDDEN), rngs=rngs) if own else None
         self.out = dense(config, config.hidden_size, num_labels, (EMBED, LABELS), rngs=rngs)
-        self.act = activation("gelu") if config.is_electra else jnp.tanh
+        self.act = activation(families.get(config.model_type).classifier_activation)
 
     def __call__(self, first, pooled, *, deterministic: bool):
         """first: each example's first-token hidden state (encoder.first_tokens); pooled: the pooler's output."""

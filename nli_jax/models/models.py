@@ -55,7 +55,7 @@ class ForMaskedLM(PretrainedModel):
     def hf_architecture(self, suffix: str | None = None) -> str:
         if self.sentence is None:
             return super().hf_architecture("ForMaskedLM")
-        if self.config.is_roberta:
+        if not families.get(self.config.model_type).sentence_head:
             raise CheckpointError("transformers has no RoBERTa/XLM-R class with a sentence head")
         return super().hf_architecture("ForPreTraining")
 

@@ -50,7 +50,7 @@ from nli_jax.models.heads import LABELS, gather_positions
 from nli_jax.models.presets import PRESETS, PUBLISHED_SHAPES
 
 MODEL_TYPE = "modernbert"
-QKV, GLU = "qkv", "glu"  # logical axes of the fused q/k/v and of the GeGLU halves (MESH_RULES: unsharded)
+QKV, GLU = "qkv", "glu"  # logical axes of the fused q/k/v and of the GeGLU halves (no mesh rule: unsharded)
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types
 POOLINGS = ("cls", "mean")
 

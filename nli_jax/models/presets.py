@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from nli_jax.models.bert import AlbertOptions
 from nli_jax.models.config import ConfigError, EncoderConfig
 from nli_jax.models.deberta import DebertaOptions
 
@@ -14,7 +15,7 @@ _BERT = dict(model_type="bert", hidden_act="gelu", hidden_dropout_prob=0.1, atte
              max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
 _ALBERT = dict(model_type="albert", hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30000,
-               embedding_size=128, num_hidden_groups=1, inner_group_num=1, classifier_dropout=0.1)
+               embedding_size=128, family_options=AlbertOptions(), classifier_dropout=0.1)
 
 _ELECTRA = dict(model_type="electra", hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, vocab_size=30522)
@@ -71,7 +72,16 @@ PAPER_PARAMETER_COUNTS = {"indobert-base": 124.5e6, "indobert-large": 335.2e6,
 def preset(name: str, **overrides) -> EncoderConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
-    return EncoderConfig(**{**PRESETS[name], **overrides})
+    base = dict(PRESETS[name])
+    shared = {f.name for f in dataclasses.fields(EncoderConfig)}
+    own = {k: overrides.pop(k) for k in list(overrides) if k not in shared}  # the family's options
+    if own:
+        options = overrides.get("family_options", base.get("family_options"))
+        missed = sorted(k for k in own if not (dataclasses.is_dataclass(options) and hasattr(options, k)))
+        if missed:
+            raise ConfigError(f"unknown EncoderConfig field(s) {missed} (nor options of preset {name!r}'s family)")
+        overrides["family_options"] = dataclasses.replace(options, **own)
+    return EncoderConfig(**{**base, **overrides})
 
 
 # The config.json shapes of the hub checkpoints nli-jax's configs name, as their model cards
