@@ -74,7 +74,8 @@ def run_side(root: pathlib.Path, name: str, workdir: pathlib.Path, tfds: pathlib
     module, config, extra, _ = RUNS[name]
     command = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
                "--config.train.log_every_steps=1", f"--config.data.tfds_dir={tfds}", *extra, *more]
-    if root == REPO and "--compilation_cache" in (REPO / "nli_jax" / "train" / "cli.py").read_text():
+    clis = (REPO / "nli_jax" / "cli" / "__init__.py", REPO / "nli_jax" / "train" / "cli.py")  # now, before issue 48
+    if root == REPO and any(p.exists() and "--compilation_cache" in p.read_text() for p in clis):
         command.append("--compilation_cache=")  # compiled afresh, as the reference is
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     for key in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "PYTHONPATH"):
