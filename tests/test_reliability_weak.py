@@ -71,3 +71,22 @@ def test_a_second_ctrl_c_stops_at_once_and_the_rerun_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(r"resumed from \S+ at step 2\n", (workdir / "train.log").read_text())
     assert json.loads((workdir / "run.json").read_text())["state"] == "finished"
+
+
+# --- a tool's output that is a file (§15) ---------------------------------------------------------
+
+def test_a_tools_output_directory_that_is_a_file_is_refused_naming_it(tmp_path):
+    """export / predict / evaluate with --output (--workdir) an existing file: a FileExistsError
+    traceback after the checkpoint was read. Now one line naming the path, the file unchanged."""
+    run = fake_run(tmp_path / "run")
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine\n")
+    cases = [
+        (("finetune.export", f"--checkpoint={run}", f"--output={existing}"), "--output"),
+        (("finetune.predict", f"--checkpoint={run}", f"--output={existing}", f"--input=x={VAL}"), "--output"),
+        (("finetune.evaluate", f"--checkpoint={run}", f"--workdir={existing}"), "--workdir"),
+        (("pretrain.build_vocab", f"--corpus={VAL}", f"--output_dir={existing}"), "--output_dir"),
+    ]
+    for proc, (argv, flag) in zip(commands(tmp_path, *(argv for argv, _ in cases)), cases):
+        one_line_error(proc, f"{flag}={existing} is a file, not a directory")
+    assert existing.read_text() == "mine\n"
