@@ -90,3 +90,104 @@ def test_a_tools_output_directory_that_is_a_file_is_refused_naming_it(tmp_path):
     for proc, (argv, flag) in zip(commands(tmp_path, *(argv for argv, _ in cases)), cases):
         one_line_error(proc, f"{flag}={existing} is a file, not a directory")
     assert existing.read_text() == "mine\n"
+
+
+# --- readers (§8, §9, §14) ------------------------------------------------------------------------
+
+def _tagging_files(folder, train_tags, validation_tags):
+    folder.mkdir()
+    for name, tags in (("train_preprocess.txt", train_tags), ("valid_preprocess.txt", validation_tags)):
+        words = ["budi", "datang", "ke", "kota"][:len(tags)]
+        sentences = ["\n".join(f"{w}\t{t}" for w, t in zip(words, tags))] * 3
+        (folder / name).write_text("\n\n".join(sentences) + "\n", encoding="utf-8")
+
+
+def test_a_tag_outside_the_benchmarks_tag_set_is_refused_naming_file_and_line(tmp_path):
+    """A NERP tag seen only in validation (B-ORG) became a 12th class silently: the IndoNLU
+    benchmark's NERP has 11 tags (its LABEL2INDEX), whichever of them the files hold."""
+    from nli_jax.data import indonlu
+    from nli_jax.data.readers import DataError
+    nerp = indonlu.TASKS["nerp"]
+    _tagging_files(tmp_path / "bad", ["B-PPL", "O", "O", "B-PLC"], ["B-PPL", "O", "B-ORG", "O"])
+    with pytest.raises(DataError, match=r"valid_preprocess.txt:3: tag 'B-ORG' is not one of NERP's 11 tags "
+                                        r"\(the IndoNLU benchmark's tag set: \['B-EVT', "):
+        indonlu.load_examples(nerp, str(tmp_path / "bad"))
+    _tagging_files(tmp_path / "ok", ["B-PPL", "O", "O", "B-PLC"], ["B-PPL", "O", "O", "O"])
+    assert len(indonlu.load_examples(nerp, str(tmp_path / "ok"))["validation"]) == 3
+    assert indonlu.label_vocabulary(nerp) == sorted(indonlu.NERP_TAGS) and len(nerp.labels) == 11
+    task = task_for(config_for("indonlu:task=nerp,cpu_test", f"data.source={tmp_path / 'ok'}"))
+    assert task.labels == tuple(sorted(indonlu.NERP_TAGS))  # the model's classes, whatever the files hold
+
+
+def test_tsv_classification_refuses_an_empty_text_as_the_other_readers(tmp_path):
+    """`\\u200b\\tpos` (and ` \\tpos`) were read as an example of empty text ([CLS][SEP]), where
+    SmSA's reader refuses it."""
+    from nli_jax.data.readers import DataError
+    (tmp_path / "labels.tsv").write_text("pos\tpositive\nneg\tnegative\n", encoding="utf-8")
+    task = task_for(config_for("tsv_classification:cpu_test", f"data.source={tmp_path}",
+                               f"task_options.label_map={tmp_path / 'labels.tsv'}"))
+    for text in ("\u200b", " ", "\u00a0\u3000"):
+        (tmp_path / "train.tsv").write_text(f"bagus sekali\tpos\n{text}\tpos\n", encoding="utf-8")
+        with pytest.raises(DataError, match=r"train.tsv:2: empty text or label"):
+            task.read_file(str(tmp_path / "train.tsv"))
+        with pytest.raises(DataError, match=r"train.tsv:2: empty text or label"):
+            task.read_file(str(tmp_path / "train.tsv"), labelled=False)
+    (tmp_path / "train.tsv").write_text("bagus sekali\tpos\njelek\tneg\n", encoding="utf-8")
+    assert [e["label"] for e in task.read_file(str(tmp_path / "train.tsv"))] == [0, 1]
+
+
+def test_tsv_classification_refuses_an_empty_data_source(tmp_path):
+    """--config.data.source= read train.tsv from the current directory ("dataset file train.tsv not
+    found", naming no key; or whatever train.tsv lay there). The task has no files to download."""
+    from nli_jax.errors import RunError
+    (tmp_path / "labels.tsv").write_text("pos\tpositive\nneg\tnegative\n", encoding="utf-8")
+    task = task_for(config_for("tsv_classification:cpu_test", "data.source=",
+                               f"task_options.label_map={tmp_path / 'labels.tsv'}"))
+    with pytest.raises(RunError, match=r"^--config.data.source='': the directory with your train.tsv and dev.tsv"):
+        task.load()
+
+
+def _inferes(folder, topics):
+    folder.mkdir()
+    with open(folder / "inferes_train.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["ID", "Premise", "Hypothesis", "Label", "Topic", "Anno", "Anno_Type"])
+        for i, topic in enumerate(topics):
+            writer.writerow([i, f"el perro {i} corre por el parque", f"un animal {i} se mueve",
+                             ("ent", "neutral", "cnt")[i % 3], topic, "a", "Generate"])
+
+
+def test_inferes_rows_without_a_topic_are_counted_and_left_out_of_a_topic_holdout(tmp_path, nli_log):
+    """Rows with an empty Topic became topic "unknown" and stayed in training under
+    holdout_topic: they could be the held-out topic. Counted in the log; under holdout_topic left
+    out of every split (the paper trains on five topics and tests on the sixth)."""
+    topics = [str(1 + i % 3) for i in range(60)]
+    for i in (5, 17, 40):
+        topics[i] = ""
+    _inferes(tmp_path / "data", topics)
+
+    def splits(*assignments):
+        task = task_for(config_for("inferes:cpu_test", f"data.source={tmp_path / 'data'}",
+                                   f"data.tfds_dir={tmp_path / 'tfds'}", *assignments))
+        return {name: [source[i] for i in range(len(source))] for name, source in task.load().items()}
+    held_out = splits("task_options.holdout_topic='2'")
+    assert all(e["categories"]["topic"] in ("1", "3") for name in ("train", "validation") for e in held_out[name])
+    assert sum(len(held_out[n]) for n in ("train", "validation", "topic_ood")) == 57
+    assert ("InferES train (inferes_train.csv): 3 of 60 row(s) have an empty Topic (e.g. ID 5): left out of every "
+            "split under task_options.holdout_topic=2 (a row of no known topic could be the held-out one)") in nli_log
+    nli_log.clear()
+    plain = splits()
+    assert sum(len(plain[n]) for n in ("train", "validation")) == 60
+    assert "InferES train (inferes_train.csv): 3 of 60 row(s) have an empty Topic (e.g. ID 5): reported under topic " \
+           "'unknown'" in nli_log
+
+
+# --- seeds and train.seed (§18) -------------------------------------------------------------------
+
+def test_train_seed_beside_seeds_is_logged_as_unused(tmp_path, monkeypatch, nli_log):
+    """--config.seeds=(1,2) with --config.train.seed=7: train.seed was ignored silently."""
+    from nli_jax.train import loop
+    monkeypatch.setattr(loop, "run_one", lambda plan, workdir, parent=None: {"splits": {}, "seed": plan.train.seed})
+    monkeypatch.setattr(loop, "aggregate_seeds", lambda per_seed: {"seeds": sorted(per_seed)})
+    loop.train_and_evaluate(config_for("indonli_large:cpu_test", "seeds=(1, 2)", "train.seed=7"), str(tmp_path / "w"))
+    assert "train.seed=7 is not used: config.seeds=(1, 2) gives each run its seed" in nli_log
