@@ -141,7 +141,7 @@ def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cp
     """Runs (or reads, when finished) every task x seed; returns table.md's text and the failures."""
     from nli_jax.workdir import check_tool_output
     check_names(model, tasks)
-    check_tool_output(workdir, "--workdir")  # its task runs are its own; the benchmark is inside no other run
+    check_tool_output(workdir, "--workdir", directory=True)  # its task runs are its own; the benchmark is inside no other run
     configs = task_configs(model, source, tasks, overrides, cpu_test)
     label = built_model(model, configs)
     runs, seconds, failures = {}, {}, []

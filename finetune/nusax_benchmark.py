@@ -187,7 +187,7 @@ def run_benchmark(model: str, workdir: str, source: str, languages, overrides=()
     """Runs (or reads, when finished) every language x seed; returns table.md's text (and
     transfer.md's with `transfer`) and the failures."""
     from nli_jax.workdir import check_tool_output
-    check_tool_output(workdir, "--workdir")
+    check_tool_output(workdir, "--workdir", directory=True)
     configs = language_configs(model, source, languages, overrides, cpu_test, transfer)
     base = os.path.join(workdir, "transfer") if transfer else workdir
     model = described_model(model, configs)

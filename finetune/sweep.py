@@ -168,7 +168,7 @@ def run_sweep(config, workdir: str, lrs: list[float], seeds: list[int]) -> dict:
     """Runs every (lr, seed) cell not finished yet; returns sweep.json's contents (plus "table")."""
     from nli_jax.planner import build_plan
     from nli_jax.workdir import check_tool_output
-    check_tool_output(workdir, "--workdir")  # its cells are its own runs; the sweep is inside no other run
+    check_tool_output(workdir, "--workdir", directory=True)  # its cells are its own runs; the sweep is inside no other run
     plan = build_plan(config, training=False)  # the sweep's task, splits and model (the cells check the rest)
     cells = [{"lr": lr, "seed": seed, "workdir": os.path.join(workdir, f"lr_{lr_name(lr)}", f"seed_{seed}"),
               "status": "pending"} for lr in lrs for seed in seeds]
@@ -231,7 +231,7 @@ def main(argv) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     lrs, seeds = parse_grid(FLAGS.lrs, FLAGS.seeds)
     from nli_jax.workdir import check_tool_output
-    check_tool_output(FLAGS.workdir, "--workdir")  # before sweep.log: its cells are its own runs, it is in none
+    check_tool_output(FLAGS.workdir, "--workdir", directory=True)  # before sweep.log: its cells are its own runs, it is in none
     setup_sweep_log(FLAGS.workdir)
     log.info("%d learning rates x %d seeds in %s", len(lrs), len(seeds), FLAGS.workdir)
     summary = run_sweep(FLAGS.config, FLAGS.workdir, lrs, seeds)

@@ -37,7 +37,8 @@ IndoNLU (all references: repository IndoNLP/indonlu):
   `label` column, which contradicts absa-prosa_test.csv; the submission example (one column per
   aspect) is followed here.
 - Label sets: utils/data_utils.py (commit 72112b9d), the LABEL2INDEX of each dataset class; the
-  sentence-level and aspect sets are also nli_jax.data.indonlu.TASKS[...].labels.
+  label, aspect and tag sets are nli_jax.data.indonlu.TASKS[...].labels (tags: nli_jax.data.indonlu.*_TAGS, in
+  LABEL2INDEX order).
 - Not documented anywhere in the repository: how the 12 tasks are packaged together (the README
   describes one `pred.txt` per zip, so CodaLab presumably takes one zip per task). Written here:
   <out>/<task>/pred.txt and <out>/<task>.zip holding only `pred.txt` at the zip root.
@@ -88,20 +89,6 @@ class SubmissionError(DataError):
 INDONLU_TASKS = ("emot", "smsa", "casa", "hoasa", "wrete", "posp", "bapos", "terma", "keps", "nergrit", "nerp",
                  "facqa")
 
-# Tag sets: IndoNLP/indonlu utils/data_utils.py (commit 72112b9d), LABEL2INDEX of each dataset class.
-_POSP_TAGS = ("B-PPO", "B-KUA", "B-ADV", "B-PRN", "B-VBI", "B-PAR", "B-VBP", "B-NNP", "B-UNS", "B-VBT", "B-VBL",
-              "B-NNO", "B-ADJ", "B-PRR", "B-PRK", "B-CCN", "B-$$$", "B-ADK", "B-ART", "B-CSN", "B-NUM", "B-SYM",
-              "B-INT", "B-NEG", "B-PRI", "B-VBE")
-_BAPOS_TAGS = ("B-PR", "B-CD", "I-PR", "B-SYM", "B-JJ", "B-DT", "I-UH", "I-NND", "B-SC", "I-WH", "I-IN", "I-NNP",
-               "I-VB", "B-IN", "B-NND", "I-CD", "I-JJ", "I-X", "B-OD", "B-RP", "B-RB", "B-NNP", "I-RB", "I-Z", "B-CC",
-               "B-NEG", "B-VB", "B-NN", "B-MD", "B-UH", "I-NN", "B-PRP", "I-SC", "B-Z", "I-PRP", "I-OD", "I-SYM",
-               "B-WH", "B-FW", "I-CC", "B-X")
-_TERMA_TAGS = ("I-SENTIMENT", "O", "I-ASPECT", "B-SENTIMENT", "B-ASPECT")
-_BIO = ("O", "B", "I")
-_NERGRIT_TAGS = ("I-PERSON", "B-ORGANISATION", "I-ORGANISATION", "B-PLACE", "I-PLACE", "O", "B-PERSON")
-_NERP_TAGS = ("I-PPL", "B-EVT", "B-PLC", "I-IND", "B-IND", "B-FNB", "I-EVT", "B-PPL", "I-PLC", "O", "I-FNB")
-
-
 class IndoNLUFormat:
     """One task's submission file: the documented example it follows, its columns and labels."""
 
@@ -125,13 +112,13 @@ INDONLU_FORMATS: dict[str, IndoNLUFormat] = {f.task: f for f in [
     IndoNLUFormat("casa", "absa-prosa_test.csv", "aspects", _T["casa"].labels, _T["casa"].aspects),
     IndoNLUFormat("hoasa", "absa-airy_test.csv", "aspects", _T["hoasa"].labels, _T["hoasa"].aspects),
     IndoNLUFormat("wrete", "entailment-ui_test.csv", "label", _T["wrete"].labels),
-    IndoNLUFormat("posp", "pos-prosa_test.csv", "tags", _POSP_TAGS),
-    IndoNLUFormat("bapos", "pos-idn_test.csv", "tags", _BAPOS_TAGS),
-    IndoNLUFormat("terma", "term-extraction-airy_test.csv", "tags", _TERMA_TAGS),
-    IndoNLUFormat("keps", "keyword-extraction-prosa_test.csv", "tags", _BIO),
-    IndoNLUFormat("nergrit", "ner-grit_test.csv", "tags", _NERGRIT_TAGS),
-    IndoNLUFormat("nerp", "ner-prosa_test.csv", "tags", _NERP_TAGS),
-    IndoNLUFormat("facqa", "qa-factoid-itb_test.csv", "tags", _BIO),
+    IndoNLUFormat("posp", "pos-prosa_test.csv", "tags", indonlu_data.POSP_TAGS),
+    IndoNLUFormat("bapos", "pos-idn_test.csv", "tags", indonlu_data.BAPOS_TAGS),
+    IndoNLUFormat("terma", "term-extraction-airy_test.csv", "tags", indonlu_data.TERMA_TAGS),
+    IndoNLUFormat("keps", "keyword-extraction-prosa_test.csv", "tags", indonlu_data.BIO_TAGS),
+    IndoNLUFormat("nergrit", "ner-grit_test.csv", "tags", indonlu_data.NERGRIT_TAGS),
+    IndoNLUFormat("nerp", "ner-prosa_test.csv", "tags", indonlu_data.NERP_TAGS),
+    IndoNLUFormat("facqa", "qa-factoid-itb_test.csv", "tags", indonlu_data.BIO_TAGS),
 ]}
 
 OCNLI_TRAIN_SIZES = ("50k", "30k", "10k", "3k")
@@ -353,7 +340,7 @@ def indonlu_submission(runs: str | Mapping[str, str], out_dir: str, *, tasks: Se
     else:
         run_dirs = {t: runs[t] for t in tasks if t in runs}
     from nli_jax.workdir import check_tool_output
-    check_tool_output(out_dir, "--output", reads=_runs_read(run_dirs.values(), seed))
+    check_tool_output(out_dir, "--output", reads=_runs_read(run_dirs.values(), seed), directory=True)
     paths, missing = {}, []
     for task in tasks:
         if task not in run_dirs:

@@ -124,7 +124,7 @@ def _hf_label_names(directory: str) -> list[str] | None:
 
 def _check_checkpoint(checkpoint: str, output: str, flag: str, allow_unfinished: bool, task) -> None:
     """Before any file is read: the output is the tool's own, and a run's parameters are final."""
-    workdir_lib.check_tool_output(output, flag, reads=[checkpoint])
+    workdir_lib.check_tool_output(output, flag, reads=[checkpoint], directory=True)
     if resolve_checkpoint(checkpoint)["kind"] == "run":
         workdir_lib.require_finished(checkpoint, allow_unfinished)
     if type(task).read_file is Task.read_file:

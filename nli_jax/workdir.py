@@ -373,15 +373,21 @@ def is_run(directory: str) -> bool:
     return "results.json" in names and any(re.fullmatch(r"seed_\d+", n) for n in names)
 
 
-def check_tool_output(output: str, flag: str, *, reads=(), read_flag: str = "--checkpoint") -> None:
+def check_tool_output(output: str, flag: str, *, reads=(), read_flag: str = "--checkpoint",
+                      directory: bool = False) -> None:
     """The one check of where a tool (finetune.evaluate / predict / export, nli_jax.leaderboard,
     nli_jax.analysis, finetune.sweep, the IndoNLU benchmark) may write `output` (named by
     `flag`): never a run directory, nor anything inside one, except a directory of the tool's own
     inside a run it reads (`reads`: e.g. `--checkpoint=R --workdir=R/eval`, cartography's
     R/cartography) whose name is none of the run's own (RUN_ENTRIES, seed_<s>, reliability_*.png).
     A path a tool reads is never its output either (`read_flag`: the flag that names the first of
-    `reads`). Checked before anything is read or written."""
+    `reads`). `directory`: the tool writes a directory there, so an existing file is refused (it
+    ended in a FileExistsError traceback, after the checkpoint was read). Checked before anything
+    is read or written."""
     out = storage.resolve(output)
+    if directory and storage.exists(out) and not storage.isdir(out):
+        raise RunError(f"{flag}={output} is a file, not a directory: the tool writes a directory there; give a "
+                       "directory of its own (new or existing)")
     own = {storage.resolve(r) for r in reads if r}
     if out in own and storage.isfile(out):
         raise RunError(f"{flag}={output} is a file it reads ({read_flag}): a tool never writes over its input; "
@@ -411,7 +417,7 @@ def check_tool_output(output: str, flag: str, *, reads=(), read_flag: str = "--c
 # --- how far a run got --------------------------------------------------------------------
 
 def write_state(workdir: str, state: str, **fields) -> None:
-    """run.json: "running", "interrupted" (SIGTERM, a checkpoint saved), "failed" (a step
+    """run.json: "running", "interrupted" (SIGTERM or Ctrl-C: the last checkpoint kept), "failed" (a step
     diverged: the reason and the last checkpoint) or "finished", the step and the best step
     (process 0)."""
     import jax

@@ -240,7 +240,7 @@ def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation"
     majority-class baseline per split in <workdir>/results.json, one record per example (the
     task's record plus every label's score) in <workdir>/predictions.jsonl. Template, labels,
     task and checkpoint labels are checked before any parameter is read."""
-    workdir_lib.check_tool_output(workdir, "--workdir", reads=[checkpoint])
+    workdir_lib.check_tool_output(workdir, "--workdir", reads=[checkpoint], directory=True)
     plan = planner.build_plan(task_config, training=False)
     task = create_task(plan)
     kind = task_kind(task)

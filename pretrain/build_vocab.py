@@ -19,7 +19,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     from nli_jax.workdir import check_tool_output
-    check_tool_output(FLAGS.output_dir, "--output_dir")  # never into a run: before anything is read or written
+    check_tool_output(FLAGS.output_dir, "--output_dir", directory=True)  # never into a run: before anything is read or written
     from nli_jax.pretraining.vocab import train_vocabulary
     from nli_jax import storage
     files = storage.local_inputs(FLAGS.corpus)  # local or gs://

@@ -23,7 +23,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     from nli_jax.workdir import check_tool_output
-    check_tool_output(FLAGS.output_dir, "--output_dir")  # never into a run: before anything is read or written
+    check_tool_output(FLAGS.output_dir, "--output_dir", directory=True)  # never into a run: before anything is read or written
     from nli_jax import storage
     from nli_jax.pretraining.examples import create_examples
     files = sorted(f for pattern in FLAGS.corpus for f in (storage.glob(pattern) or [pattern]))  # local or gs://

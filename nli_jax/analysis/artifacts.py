@@ -369,7 +369,7 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     analysis.md and the PNG plots into `workdir`; returns the report (analysis.json's content).
     Predictions are checked before anything is written, so a bad file leaves no partial output."""
     from nli_jax.workdir import check_tool_output
-    check_tool_output(workdir, "--workdir", read_flag="--predictions",
+    check_tool_output(workdir, "--workdir", read_flag="--predictions", directory=True,
                       reads=[storage.resolve(predictions), os.path.dirname(storage.resolve(predictions))]
                       if predictions else [])
     corpus = corpus_for_task(task)

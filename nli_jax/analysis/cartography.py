@@ -86,7 +86,7 @@ def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction={fraction}: must be in (0, 1]")
     output = output or os.path.join(workdir, "cartography")
-    workdir_lib.check_tool_output(output, "--output", reads=[workdir], read_flag="--workdir")
+    workdir_lib.check_tool_output(output, "--output", reads=[workdir], read_flag="--workdir", directory=True)
     plan, task, examples = training_examples(workdir)
     meta = dynamics.read_meta(workdir)
     if meta is None:

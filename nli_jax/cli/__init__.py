@@ -52,9 +52,9 @@ def _quiet_closed_loops(hook):
     return quiet
 
 
-def report_error(error: BaseException) -> None:
+def report_error(error: BaseException, prefix: str = "error: ") -> None:
     import logging
-    message = "error: " + " ".join(str(error).split()) if str(error) else f"error: {type(error).__name__}"
+    message = prefix + " ".join(str(error).split()) if str(error) else f"{prefix}{type(error).__name__}"
     logger = logging.getLogger("nli_jax")
     if logger.handlers:  # the run's log: stderr and <workdir>/train.log
         logger.error("%s", message)
@@ -66,7 +66,7 @@ def _reporting_input_errors(main):
     """`main` with config-key mistakes, input errors and errors of the machine (a read-only file
     system, a full disk, too many open files: nli_jax.errors.environment_problem) reported as one
     line (exit status 1). What libraries log about the latter on their own (orbax's background
-    writers' tracebacks) is dropped: the one line says it."""
+    writers' tracebacks) is dropped: the one line says it. A Ctrl-C is one line too (exit status 130)."""
     def wrapped(argv):
         import logging
 
@@ -82,6 +82,9 @@ def _reporting_input_errors(main):
         except user_errors() as e:
             report_error(e)
             sys.exit(1)
+        except KeyboardInterrupt as e:  # Ctrl-C: one line (a run's says how to resume), as a SIGINT's exit status
+            report_error(e if str(e) else KeyboardInterrupt("interrupted (Ctrl-C)"), prefix="")
+            sys.exit(130)
         except Exception as e:
             problem = environment_problem(e)
             if problem is None:

@@ -4,7 +4,9 @@ Formats (see ../shared/data/README.md): EmoT `label,tweet`; SmSA `text<TAB>label
 CASA/HoASA one column per aspect; WReTE `sent_A,sent_B,category,label`; the word-level tasks
 `token<TAB>tag` per line with blank lines between sentences (split on the tab only: tokens can
 contain spaces); FacQA columns of Python-literal lists, parsed with ast.literal_eval (never eval).
-Label and tag sets are read from the files (union over the splits present, sorted).
+Label and tag sets are the benchmark's (the IndoNLU framework's LABEL2INDEX; tags sorted as the
+model's classes): a label or tag outside them is refused with its file and line, never added as
+a class (a tag seen only in validation became one silently).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class IndoNLUTask:
     parse_file: Callable[[str], list[dict]]
     title: str  # as the IndoNLU paper's tables name it
     aspects: tuple[str, ...] = ()
-    labels: tuple[str, ...] = ()  # the benchmark's label set (classification); tags are read from files
+    labels: tuple[str, ...] = ()  # the benchmark's label (or tag) set
 
     def filename(self, split: str) -> str:
         return f"{SPLIT_PREFIX[split]}.{self.extension}"
@@ -177,6 +179,20 @@ def _facqa(path, labelled=True):
     return out
 
 
+# Tag sets: IndoNLP/indonlu utils/data_utils.py (commit 72112b9d), LABEL2INDEX of each dataset class,
+# in its order (the leaderboard's submission files); a task's classes are them sorted.
+POSP_TAGS = ("B-PPO", "B-KUA", "B-ADV", "B-PRN", "B-VBI", "B-PAR", "B-VBP", "B-NNP", "B-UNS", "B-VBT", "B-VBL",
+             "B-NNO", "B-ADJ", "B-PRR", "B-PRK", "B-CCN", "B-$$$", "B-ADK", "B-ART", "B-CSN", "B-NUM", "B-SYM",
+             "B-INT", "B-NEG", "B-PRI", "B-VBE")
+BAPOS_TAGS = ("B-PR", "B-CD", "I-PR", "B-SYM", "B-JJ", "B-DT", "I-UH", "I-NND", "B-SC", "I-WH", "I-IN", "I-NNP",
+              "I-VB", "B-IN", "B-NND", "I-CD", "I-JJ", "I-X", "B-OD", "B-RP", "B-RB", "B-NNP", "I-RB", "I-Z", "B-CC",
+              "B-NEG", "B-VB", "B-NN", "B-MD", "B-UH", "I-NN", "B-PRP", "I-SC", "B-Z", "I-PRP", "I-OD", "I-SYM",
+              "B-WH", "B-FW", "I-CC", "B-X")
+TERMA_TAGS = ("I-SENTIMENT", "O", "I-ASPECT", "B-SENTIMENT", "B-ASPECT")
+BIO_TAGS = ("O", "B", "I")
+NERGRIT_TAGS = ("I-PERSON", "B-ORGANISATION", "I-ORGANISATION", "B-PLACE", "I-PLACE", "O", "B-PERSON")
+NERP_TAGS = ("I-PPL", "B-EVT", "B-PLC", "I-IND", "B-IND", "B-FNB", "I-EVT", "B-PPL", "I-PLC", "O", "I-FNB")
+
 CASA_ASPECTS = ("fuel", "machine", "others", "part", "price", "service")
 HOASA_ASPECTS = ("ac", "air_panas", "bau", "general", "kebersihan", "linen", "service", "sunrise_meal", "tv", "wifi")
 
@@ -193,13 +209,16 @@ TASKS: dict[str, IndoNLUTask] = {t.name: t for t in [
                 HOASA_ASPECTS, labels=("neg", "neg_pos", "neut", "pos")),
     IndoNLUTask("wrete", "wrete_entailment-ui", "csv", "pair", _wrete, "WReTE",
                 labels=("Entail_or_Paraphrase", "NotEntail")),
-    IndoNLUTask("posp", "posp_pos-prosa", "txt", "tagging", _tagging, "POSP"),
-    IndoNLUTask("bapos", "bapos_pos-idn", "txt", "tagging", _tagging, "BaPOS"),
-    IndoNLUTask("terma", "terma_term-extraction-airy", "txt", "tagging", _tagging, "TermA"),
-    IndoNLUTask("keps", "keps_keyword-extraction-prosa", "txt", "tagging", _tagging, "KEPS"),
-    IndoNLUTask("nergrit", "nergrit_ner-grit", "txt", "tagging", _tagging, "NERGrit"),
-    IndoNLUTask("nerp", "nerp_ner-prosa", "txt", "tagging", _tagging, "NERP"),
-    IndoNLUTask("facqa", "facqa_qa-factoid-itb", "csv", "qa", _facqa, "FacQA"),
+    IndoNLUTask("posp", "posp_pos-prosa", "txt", "tagging", _tagging, "POSP", labels=tuple(sorted(POSP_TAGS))),
+    IndoNLUTask("bapos", "bapos_pos-idn", "txt", "tagging", _tagging, "BaPOS", labels=tuple(sorted(BAPOS_TAGS))),
+    IndoNLUTask("terma", "terma_term-extraction-airy", "txt", "tagging", _tagging, "TermA",
+                labels=tuple(sorted(TERMA_TAGS))),
+    IndoNLUTask("keps", "keps_keyword-extraction-prosa", "txt", "tagging", _tagging, "KEPS",
+                labels=tuple(sorted(BIO_TAGS))),
+    IndoNLUTask("nergrit", "nergrit_ner-grit", "txt", "tagging", _tagging, "NERGrit",
+                labels=tuple(sorted(NERGRIT_TAGS))),
+    IndoNLUTask("nerp", "nerp_ner-prosa", "txt", "tagging", _tagging, "NERP", labels=tuple(sorted(NERP_TAGS))),
+    IndoNLUTask("facqa", "facqa_qa-factoid-itb", "csv", "qa", _facqa, "FacQA", labels=tuple(sorted(BIO_TAGS))),
 ]}
 CLASSIFICATION_TASKS = tuple(name for name, task in TASKS.items() if task.is_classification)
 SEQUENCE_LABELLING_TASKS = tuple(name for name, task in TASKS.items() if not task.is_classification)
@@ -226,7 +245,13 @@ def split_files(task: IndoNLUTask, directory: str) -> dict[str, str]:
 
 
 def _check_labels(task: IndoNLUTask, path: str, examples: list[dict]) -> None:
-    if not task.labels:
+    if task.kind in ("tagging", "qa"):
+        for e in examples:
+            for position, tag in enumerate(e["tags"]):
+                if tag not in task.labels:  # a sentence's words are on consecutive lines; FacQA's on its row's
+                    line = e["line"] + position if task.kind == "tagging" else e["line"]
+                    raise DataError(f"{path}:{line}: tag {tag!r} is not one of {task.title}'s {len(task.labels)} "
+                                    f"tags (the IndoNLU benchmark's tag set: {list(task.labels)})")
         return
     for e in examples:
         for label in (e["labels"] if task.kind == "aspects" else [e["label"]]):
@@ -262,21 +287,9 @@ def read_file(task: IndoNLUTask, path: str, *, labelled: bool = True) -> list[di
     return examples
 
 
-def label_vocabulary(task: IndoNLUTask, examples: dict[str, list[dict]]) -> list[str]:
-    """The benchmark's label set for classification; for tags the sorted union over the splits
-    present (some tags occur only in one split)."""
-    if task.labels:
-        return list(task.labels)
-    values = set()
-    for rows in examples.values():
-        for r in rows:
-            if task.kind in ("tagging", "qa"):
-                values.update(r["tags"])
-            elif task.kind == "aspects":
-                values.update(r["labels"])
-            else:
-                values.add(r["label"])
-    return sorted(values)
+def label_vocabulary(task: IndoNLUTask) -> list[str]:
+    """The benchmark's label (or tag) set: every split's labels were checked against it."""
+    return list(task.labels)
 
 
 def prepare(name: str, source: str | None, data_dir: str, *, base_url: str = BASE_URL):
@@ -292,7 +305,7 @@ def prepare(name: str, source: str | None, data_dir: str, *, base_url: str = BAS
         files = {task.filename(s): f"{base_url.rstrip('/')}/{task.folder}/{task.filename(s)}" for s in SPLIT_PREFIX}
         records.download_files(files, directory, required={task.filename("train"), task.filename("validation")})
     examples = load_examples(task, directory)
-    vocabulary = label_vocabulary(task, examples)
+    vocabulary = label_vocabulary(task)
     splits = records.prepare_records(f"indonlu_{name}", examples, list(split_files(task, directory).values()), data_dir,
                                      f"IndoNLU {name} ({task.folder})")
     return splits, vocabulary

@@ -25,17 +25,11 @@ class _IndoNLUData:
 
     def __init__(self, name: str, data_plan: DataPlan, options=NoOptions()):
         self.name, self.spec, self.data, self.options = name, data.TASKS[name], data_plan, options
-        self.labels = tuple(self.spec.labels)  # the benchmark's label set; a tagging task's comes from its files
+        self.labels = tuple(self.spec.labels)  # the benchmark's label (or tag) set, whatever the files hold
 
     def load(self, workdir=None):
         splits, _ = data.prepare(self.spec.name, self.data.source or None, self.data.tfds_dir)
         return splits
-
-    def labels_from(self, splits):
-        if self.spec.labels or not splits:
-            return None  # the benchmark's label set
-        return tuple(data.label_vocabulary(self.spec, {name: [source[i] for i in range(len(source))]
-                                                       for name, source in splits.items()}))
 
     def read_file(self, path, *, labelled=True):
         return data.read_file(self.spec, path, labelled=labelled)

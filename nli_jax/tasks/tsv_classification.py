@@ -2,7 +2,8 @@
 (test.tsv too, when present) in `data.source`, with the label names given by a label-mapping
 file (`task_options.label_map`: `raw label<TAB>name` per line; several raw labels may share a
 name, and the names in their first-appearance order are the model's classes). A raw label the
-map does not name is refused with its file and line. Reported by accuracy and macro-F1.
+map does not name is refused with its file and line, as is an empty text (only whitespace or
+invisible characters). Reported by accuracy and macro-F1.
 
     python -m finetune.main --config=configs/tsv_classification.py --workdir=runs/tsv \
         --config.data.source=/data/reviews --config.task_options.label_map=/data/reviews/labels.tsv
@@ -15,8 +16,9 @@ import os
 import numpy as np
 
 from nli_jax import storage
-from nli_jax.data.readers import DataError, read_tsv
+from nli_jax.data.readers import DataError, is_blank, read_tsv
 from nli_jax.data.records import InMemorySource
+from nli_jax.errors import RunError
 from nli_jax.metrics import precision_recall_f1
 from nli_jax.plan import TaskOptions, option
 from nli_jax.tasks.base import register, single_min_length
@@ -60,6 +62,8 @@ class TSVClassification(ClassificationTask):
         examples = []
         for number, row in read_tsv(path, columns=2 if labelled else None):
             text, raw = row[0], (row[1] if len(row) > 1 else None)
+            if is_blank(text) or (raw is not None and is_blank(raw)):  # as every reader (docs/errors.md §8)
+                raise DataError(f"{path}:{number}: empty text or label")
             if raw is not None and raw not in mapping:
                 raise DataError(f"{path}:{number}: label {raw!r} is not in {self.options.label_map} "
                                 f"(it maps {sorted(mapping)})")
@@ -68,6 +72,9 @@ class TSVClassification(ClassificationTask):
         return examples
 
     def load(self, workdir=None):
+        if not self.data.source:  # was the current directory ("dataset file train.tsv not found", or its train.tsv)
+            raise RunError("--config.data.source='': the directory with your train.tsv and dev.tsv (test.tsv "
+                           "optional) is required: task tsv_classification has no files of its own to download")
         files = {split: os.path.join(self.data.source, name) for split, name in SPLIT_FILES.items()}
         return {split: InMemorySource(self.read_file(path)) for split, path in files.items()
                 if split != "test" or storage.isfile(path)}

@@ -34,7 +34,7 @@ from nli_jax import planner
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.optimizers import make_optimizer
-from nli_jax.train.preemption import Preempted, Preemption
+from nli_jax.train.preemption import Preemption
 from nli_jax.train.record import LoopRecord
 from nli_jax.train.reporting import Reporter, log, setup_logging, write_json, write_jsonl
 from nli_jax.train.setup import RunSetup, model_inputs, prepare
@@ -101,6 +101,25 @@ def run_one(plan: RunPlan, workdir: str, parent: tuple[str, dict] | None = None)
         workdir_lib.write_config(*parent)
     workdir_lib.write_config(workdir, plan.config_json)
     inputs_lib.write_inputs(workdir, inputs)
+    try:
+        return _train_and_report(plan, workdir, run, hooks, steps, train_source, compiled_before)
+    except KeyboardInterrupt:  # a Ctrl-C outside the loop's steps, or a second one: no checkpoint of its own
+        raise _interrupted(workdir) from None
+
+
+def _interrupted(workdir: str) -> KeyboardInterrupt:
+    """run.json "running" (the step of the last checkpoint) becomes "interrupted"; the one line
+    the command line prints."""
+    state = workdir_lib.read_state(workdir)
+    if state.get("state") != "running":
+        return KeyboardInterrupt("interrupted (Ctrl-C) before training began; rerun the same command to run it")
+    fields = {k: v for k, v in state.items() if k not in ("state", "updated")}
+    workdir_lib.write_state(workdir, "interrupted", **fields)
+    return KeyboardInterrupt(f"interrupted (Ctrl-C) after the checkpoint of step {state.get('step')} of "
+                             f"{state.get('total_steps')} (kept); rerun the same command to resume from it")
+
+
+def _train_and_report(plan: RunPlan, workdir: str, run, hooks, steps, train_source, compiled_before) -> dict:
     state, record, reused = train(run, hooks, steps, train_source)
     workdir_lib.check_still_there(workdir, "the final evaluation's files were")
     params, evaluated_step = _best_params(run, state, record)
@@ -242,8 +261,7 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
                 _save(ckpt, hooks, step, state, train_iter, record, force=True)
                 ckpt.close()
                 workdir_lib.write_state(run.workdir, "interrupted", step=step, best_step=record.best_step, **run_state)
-                log.info("SIGTERM: checkpoint saved at step %d; exiting (rerun the same command to resume)", step)
-                raise Preempted(143)
+                preemption.exit(step)
         ckpt.wait()
     ckpt.close()
     reporter.close()
