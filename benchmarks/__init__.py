@@ -3,7 +3,7 @@ repository root (`python -m benchmarks.NAME --help` for each one's flags and def
 
     mlm_train_step           the loop's own MLM train step vs transformers' PyTorch eager
     device_check             the loop's bf16 steps on one GPU / TPU chip: tokens/s, MFU, vs PyTorch there
-    encoder_vs_torch         a checkpoint's forward (evaluation) and forward + backward vs PyTorch
+    encoder_vs_torch         a checkpoint's forward (evaluation step; Python API) and forward + backward vs PyTorch
     finetune_vs_transformers IndoNLI / NERP fine-tuning end to end vs a transformers + PyTorch loop
     input_pipeline           corpus tokenisation and masked pretraining batches vs transformers' collator
     bucket_padding           padded tokens per real token: length buckets vs padding to max_seq_length

@@ -11,7 +11,12 @@ printed (benchmarks.harness.time_sides), and the process's
 peak RSS after each shape (both frameworks share the process: what the two hold together).
 nli-jax's forward is compiled as the run's evaluation step is (on CPU without XLA's YNNPACK
 fusions; NLI_JAX_CPU_FORWARD_DOTS=ynnpack keeps them, to compare), forward + backward as the
-train step is.
+train step is. The row "Python API forward, no mesh" is the forward as README's Python API gives
+it to a user: the model `ForSequenceClassification.from_pretrained` returns, called inside a plain
+`jax.jit`, no mesh, no compiler options. nli-jax's rows also give the minor page faults of their
+last call (memory the call mapped afresh).
+
+    python -m benchmarks.encoder_vs_torch --model=DIR --shapes=32x512 --rows=api_forward
 """
 from __future__ import annotations
 
@@ -34,6 +39,10 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
+
+
+ROWS = {"forward": "forward (evaluation step)", "api_forward": "Python API forward, no mesh",
+        "forward_backward": "forward + backward"}
 
 
 def batch_for(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
@@ -69,15 +78,36 @@ def jax_functions(path: str):
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
         return jax.value_and_grad(loss_fn)(params)
 
+    # README's Python API: the model called inside a plain jax.jit (no mesh, no compiler options).
+    graphdef_all, state = nnx.split(model)
+
+    @jax.jit
+    def api_forward(state, input_ids, attention_mask, token_type_ids):
+        return nnx.merge(graphdef_all, state)(input_ids, attention_mask, token_type_ids)
+
     key = jax.random.key(0, impl="rbg")
-    return (lambda b: jax.block_until_ready(forward(params, b)),
-            lambda b: jax.block_until_ready(forward_backward(params, b, key)))
+    return {"forward": lambda b: jax.block_until_ready(forward(params, b)),
+            "api_forward": lambda b: jax.block_until_ready(
+                api_forward(state, b["input_ids"], b["attention_mask"], b["token_type_ids"])),
+            "forward_backward": lambda b: jax.block_until_ready(forward_backward(params, b, key))}
 
 
-def torch_functions(path: str):
+def with_fault_count(fn):
+    """`fn` and a list that receives the minor page faults of each of its calls."""
+    faults = []
+
+    def counted(*args):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = fn(*args)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return out
+    return counted, faults
+
+
+def torch_functions(path: str, attention: str = "eager"):
     import torch
     from transformers import BertForSequenceClassification
-    model = BertForSequenceClassification.from_pretrained(path, num_labels=3, attn_implementation="eager")
+    model = BertForSequenceClassification.from_pretrained(path, num_labels=3, attn_implementation=attention)
 
     def tensors(b):
         return {k: torch.tensor(b[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -93,7 +123,7 @@ def torch_functions(path: str):
         loss.backward()
         model.zero_grad(set_to_none=True)
         return float(loss.detach())
-    return forward, forward_backward, torch
+    return {"forward": forward, "api_forward": forward, "forward_backward": forward_backward}, torch
 
 
 def main():
@@ -102,33 +132,44 @@ def main():
     parser.add_argument("--shapes", default="512x32,128x128,32x512", help="batch x length, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per side per round")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    parser.add_argument("--torch_attention", default="eager", choices=("eager", "sdpa"),
+                        help="transformers' attention (eager: the default here; sdpa: transformers' own default)")
     args = parser.parse_args()
+    rows = args.rows.split(",")
+    if unknown := sorted(set(rows) - set(ROWS)):
+        parser.error(f"--rows: unknown {', '.join(unknown)}; expected some of {', '.join(ROWS)}")
     print(f"{harness.line()}; host allocator: {HOST_MALLOC}; forward dots: {compilation.forward_dots()}",
           flush=True)  # ratios differ between CPUs
     path = args.model or harness.require_minilm()
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    jax_fwd, jax_fwd_bwd = jax_functions(path)
-    torch_fwd, torch_fwd_bwd, torch = torch_functions(path)
+    jax_rows = jax_functions(path)
+    torch_rows, torch = torch_functions(path, args.torch_attention)
     results = {"model": path, "host_allocator": HOST_MALLOC, "forward_dots": compilation.forward_dots(),
-               "torch_threads": torch.get_num_threads(), "jax": jax.__version__, "torch": torch.__version__,
+               "torch_threads": torch.get_num_threads(), "torch_attention": args.torch_attention,
+               "jax": jax.__version__, "torch": torch.__version__,
                "rounds": args.rounds, "repeats": args.repeats, "shapes": {}}
     ratios = {}
-    print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads), float32")
+    print(f"{os.path.basename(path.rstrip('/'))}: nli-jax vs PyTorch ({torch.get_num_threads()} threads, "
+          f"attention {args.torch_attention}), float32")
     for shape in args.shapes.split(","):
         batch, length = (int(x) for x in shape.lower().split("x"))
         b = batch_for(vocab, batch, length)
         jb = jax.tree.map(jnp.asarray, b)
         row = {}
-        for name, jfn, tfn in (("forward", jax_fwd, torch_fwd), ("forward_backward", jax_fwd_bwd, torch_fwd_bwd)):
-            timings = harness.time_sides({"nli-jax": functools.partial(jfn, jb), "pytorch": functools.partial(tfn, b)},
+        for name in rows:
+            jfn, faults = with_fault_count(jax_rows[name])
+            timings = harness.time_sides({"nli-jax": functools.partial(jfn, jb),
+                                          "pytorch": functools.partial(torch_rows[name], b)},
                                          rounds=args.rounds, calls=args.repeats)
             row[name] = {side: t.summary() for side, t in timings.items()}
+            row[name]["nli-jax"]["minor_faults_last_call"] = faults[-1]
             j, t = row[name]["nli-jax"], row[name]["pytorch"]
             ratios[f"{shape}_{name}_nli_jax_over_pytorch_speed"] = t["median_s"] / j["median_s"]
-            print(f"  {batch:4d} x {length:3d} {name:16s} nli-jax {j['median_s']:.3f} s [{j['min_s']:.3f}-{j['max_s']:.3f}]"
-                  f"  pytorch {t['median_s']:.3f} s [{t['min_s']:.3f}-{t['max_s']:.3f}]  speed ratio "
-                  f"{t['median_s'] / j['median_s']:.2f}x")
+            print(f"  {batch:4d} x {length:3d} {ROWS[name]:28s} nli-jax {j['median_s']:.3f} s "
+                  f"[{j['min_s']:.3f}-{j['max_s']:.3f}] ({faults[-1]:,} faults)  pytorch {t['median_s']:.3f} s "
+                  f"[{t['min_s']:.3f}-{t['max_s']:.3f}]  speed ratio {t['median_s'] / j['median_s']:.2f}x", flush=True)
         row["peak_rss_gb_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
         print(f"  {batch:4d} x {length:3d} peak RSS of the process so far: {row['peak_rss_gb_so_far']:.2f} GB", flush=True)
         results["shapes"][shape] = row
