@@ -21,7 +21,25 @@ import os
 import re
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from nli_jax import planner, storage
+from nli_jax.checkpoints import load_tokenizer
+from nli_jax.checkpoints.hf import read_config
+from nli_jax.data import fixture_path, pipeline
 from nli_jax.errors import RunError
+from nli_jax.models import make_rngs, preset
+from nli_jax.models.config import EncoderConfig
+from nli_jax.models.presets import PUBLISHED_SHAPES
+from nli_jax.tasks import create_task
+from nli_jax.train import mesh as mesh_lib
+from nli_jax.train.compiled_step import jit_train_step, train_state_shardings
+from nli_jax.train.optimizers import make_optimizer
+from nli_jax.train.setup import StepSetup, jit_eval_step, preset_config
 
 GIB = 1024 ** 3
 STAND_IN_TAGS = 32  # labels of a task whose label set comes from its data files
@@ -48,7 +66,7 @@ class Topology:
         # No chip is claimed: several compilations may run side by side (libtpu's lockfile is
         # for processes that drive a TPU).
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        from jax.experimental import topologies
+        from jax.experimental import topologies  # late: libtpu reads the TPU_* variables set just above
         try:
             description = topologies.get_topology_desc(
                 platform="tpu", topology_name=self.name, chip_config_name=self.chip_config,
@@ -94,9 +112,6 @@ def _bytes(number: str, unit: str | None) -> float:
 def usable_hbm(devices, mesh) -> float:
     """Bytes of HBM the TPU compiler lets one program use on a device (below the datasheet's
     figure: 15.48 GiB of a v3 core's 16), read from its refusal of a program that cannot fit."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
     replicated = NamedSharding(mesh, P())
     huge = 1 << 40  # 4 TiB of float32 outputs per device: more than any chip has
     try:
@@ -161,7 +176,6 @@ def estimated_seconds(cost: dict, hlo_text: str) -> tuple[float | None, int]:
 
 def _shard_bytes(tree) -> int:
     """Bytes one device holds of abstract arrays with shardings (the largest shard)."""
-    import jax
     total = 0
     for x in jax.tree.leaves(tree):
         shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
@@ -175,12 +189,6 @@ def model_shape(plan):
     """The EncoderConfig a run of `plan` trains, without hub access: model.init's config.json when
     it is a local directory, else the published shape of a hub id nli-jax's configs name, else
     the preset (with its own vocabulary: the shipped pretraining recipes' 30,522 / 30,000)."""
-    from nli_jax import storage
-    from nli_jax.checkpoints.hf import read_config
-    from nli_jax.models import preset
-    from nli_jax.models.config import EncoderConfig
-    from nli_jax.models.presets import PUBLISHED_SHAPES
-    from nli_jax.train.setup import preset_config
     model = plan.model
     if model.init:
         if storage.isdir(model.init):
@@ -196,15 +204,11 @@ def model_shape(plan):
 def _shape_tokenizer():
     """A tokenizer for the batching's special-token ids only (batch shapes do not depend on the
     vocabulary): the tiny WordPiece vocabulary shipped with the package."""
-    from nli_jax.checkpoints import load_tokenizer
-    from nli_jax.data import fixture_path
     return load_tokenizer(fixture_path("tiny_wordpiece"))
 
 
 def _global_abstract(local: dict, processes: int, sharding) -> dict:
     """The global batch of `processes` hosts each holding a batch like `local` (numpy), abstract."""
-    import jax
-    import numpy as np
     return {k: jax.ShapeDtypeStruct((np.shape(v)[0] * processes, *np.shape(v)[1:]), np.asarray(v).dtype,
                                     sharding=sharding) for k, v in local.items()}
 
@@ -218,8 +222,6 @@ def abstract_batches(plan, task, batching, processes: int, sharding) -> tuple[di
     """(train batch, evaluation batch), global and abstract, as the run's batching makes them from
     examples of data.max_seq_length tokens: the largest shapes its steps take (packed rows hold
     one such example each)."""
-    import numpy as np
-    from nli_jax.data import pipeline
     length, batch = plan.data.max_seq_length, plan.batch
     try:
         example = task.example_of_length(length)
@@ -240,7 +242,6 @@ def _with_stand_in_files(config):
     """The config with the package's tiny vocabulary and corpus standing in where a pretraining
     recipe leaves its files to the command line (model.tokenizer, pretrain.corpus): the plan's
     checks want them, while the compiled programs depend only on the shapes."""
-    from nli_jax.data import fixture_path
     config = config.copy_and_resolve_references()
     if "pretrain" in config and hasattr(config.pretrain, "keys"):
         if not config.model.tokenizer and not config.model.init:
@@ -262,7 +263,6 @@ class Compiled:
 
 
 def _compile(jitted, *args) -> Compiled:
-    import jax
     start = time.perf_counter()
     lowered = jitted.lower(*args)  # a tracing error is nli-jax's, not the compiler's: raised
     try:
@@ -278,7 +278,6 @@ def _compile(jitted, *args) -> Compiled:
 def parameter_specs(shardings, params) -> dict[str, list]:
     """{dotted parameter path: its PartitionSpec, one entry per dimension} of a compiled program's
     parameter shardings (`params`: the abstract parameters, for their ranks)."""
-    import jax
     out = {}
     flat_params = jax.tree.leaves(params)
     for (path, sharding), param in zip(jax.tree_util.tree_flatten_with_path(shardings)[0], flat_params):
@@ -291,10 +290,6 @@ def parameter_specs(shardings, params) -> dict[str, list]:
 def abstract_model(plan, task, encoder_config, mesh):
     """(graphdef, the non-parameter state, the parameters as abstract arrays in their shardings,
     those shardings, the abstract model) of the task's model on `mesh`, nothing computed."""
-    import jax
-    from flax import nnx
-    from nli_jax.models import make_rngs
-    from nli_jax.train import mesh as mesh_lib
     cls, head_kwargs = task.model_class_and_kwargs()
 
     def create():
@@ -314,11 +309,6 @@ def abstract_model(plan, task, encoder_config, mesh):
 def abstract_train_state(plan, params, param_shardings, mesh):
     """(optimizer, schedule, the train state {params, opt_state, step} as abstract arrays in their
     shardings, those shardings, the step's run values) as the loop makes them."""
-    import jax
-    from nli_jax.train import mesh as mesh_lib
-    from nli_jax import planner
-    from nli_jax.train.compiled_step import train_state_shardings
-    from nli_jax.train.optimizers import make_optimizer
     # The schedule's length (here: a training split of 1,000 batches) only changes constants of
     # the program, not its shape or cost.
     steps = planner.step_plan(plan, plan.batch.global_batch * 1000)
@@ -343,13 +333,6 @@ def compile_run(config, topology_name: str, *, eval_step: bool = True) -> dict:
     and evaluation step, with the plan, mesh, shardings and batch shapes such a run takes on that
     slice. Returns the report (see `report_lines`); a program that does not fit is reported with
     what would make it fit, not raised."""
-    import jax
-    from nli_jax.tasks import create_task
-    from nli_jax.train import mesh as mesh_lib
-    from nli_jax import planner
-    from nli_jax.train.compiled_step import jit_train_step
-    from nli_jax.train.setup import StepSetup, jit_eval_step
-
     target = topology(topology_name)
     devices = target.devices()
     config = _with_stand_in_files(config)

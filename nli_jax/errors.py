@@ -3,6 +3,11 @@ key, or the file and line); the command line prints them as one line, without a 
 (nli_jax.cli). Data files: nli_jax.data.readers.DataError; model directories:
 nli_jax.checkpoints.CheckpointError; model configs: ConfigError (also nli_jax.models.ConfigError)."""
 
+import errno
+import re
+import resource
+import shutil
+
 
 class RunError(ValueError):
     """Input that stops a run before compute; the CLI prints the message as one line."""
@@ -25,7 +30,6 @@ class DiskFullError(RunError):
 def no_space_left(error: BaseException) -> bool:
     """Whether an error (or one it was raised from) is ENOSPC, as an OSError or in the message
     of a library's own error (tensorstore, which orbax writes arrays with)."""
-    import errno
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -39,7 +43,6 @@ def no_space_left(error: BaseException) -> bool:
 
 def disk_full(error: BaseException, what: str, where: str, after: str) -> DiskFullError:
     """The one-line error for a full disk while writing `what` to `where`."""
-    import shutil
     try:
         free = f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free"
     except OSError:
@@ -51,7 +54,6 @@ def disk_full(error: BaseException, what: str, where: str, after: str) -> DiskFu
 # --- the machine, not the input: one line for what the file system or the process refuses ----
 
 def _os_errors():
-    import errno
     return {errno.EROFS: ("read-only file system", "give a directory on a writable file system"),
             errno.ENOSPC: ("no space left on the device", "free some space and rerun the same command"),
             errno.EDQUOT: ("disk quota exceeded", "free some space and rerun the same command"),
@@ -65,13 +67,11 @@ def _os_errors():
 
 def _texts():
     """What libraries that write with their own code (tensorstore under orbax) put in their messages."""
-    import errno
     return {"No space left on device": errno.ENOSPC, "Read-only file system": errno.EROFS,
             "Disk quota exceeded": errno.EDQUOT, "File too large": errno.EFBIG, "Too many open files": errno.EMFILE}
 
 
 def _errno_of(error: BaseException) -> tuple[int, BaseException] | None:
-    import re
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -93,7 +93,6 @@ def environment_problem(error: BaseException) -> str | None:
     file system, a full disk or quota, a file-size limit, too many open files, a permission
     refused; it names the file (or what the library said) and what to do. None for any other
     error (its traceback is kept)."""
-    import errno
     found = _errno_of(error)
     if found is None:
         return None
@@ -103,7 +102,6 @@ def environment_problem(error: BaseException) -> str | None:
     # A library's own error (tensorstore's) names the file in its text; a bare OSError says no more.
     said = "" if isinstance(cause, OSError) else f": {' '.join(str(cause).split())[:300]}"
     if number in (errno.EMFILE, errno.ENFILE):
-        import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         advice = (f"this process may open {soft} files (ulimit -n; at most {hard}): raise the limit, or read fewer, "
                   "larger files (python -m pretrain.prepare_corpus --shards=N writes N shards)")

@@ -25,8 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import ml_collections
+
 from nli_jax import options
+from nli_jax.hooks import HOOKS
 from nli_jax.options import Check, Options, check_of, flag, option  # noqa: F401  (the declarations' API)
+from nli_jax.schedules import SCHEDULES
 
 
 # Field declarations (each with its Check) are nli_jax.options'; the sections below use them.
@@ -272,11 +276,7 @@ def default_config(task: str, task_options: dict, *, pretrain: bool = False):
     class's defaults), every registered schedule's and run hook's options (`schedules.<name>`,
     `hooks.<name>`), the batch ramp's, and `pretrain` when asked for.
     configs/finetune_common.py starts every recipe from this."""
-    import ml_collections
-
-    from nli_jax.hooks import HOOKS
-    from nli_jax.schedules import SCHEDULES
-    from nli_jax.train.batch_ramp import BatchRampOptions
+    from nli_jax.train.batch_ramp import BatchRampOptions  # late: JAX; nli_jax.workdir imports this module
     c = ml_collections.ConfigDict()
     c.task = task
     c.eval_splits = ("validation",)

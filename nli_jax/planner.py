@@ -20,20 +20,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import logging
 import os
 from typing import Sequence
 
+import jax
+import ml_collections
+import numpy as np
 from flax import traverse_util
 
 from nli_jax import migrations
 from nli_jax import options as options_lib
 from nli_jax import plan as P
+from nli_jax import storage
+from nli_jax import workdir as workdir_lib
 from nli_jax.errors import ConfigValueError, RunError  # noqa: F401  (re-exported)
 from nli_jax.hooks import HOOKS
+from nli_jax.models.presets import PRESETS
 from nli_jax.options import flag  # noqa: F401  (re-exported: the refusals' spelling of a key)
 from nli_jax.schedules import SCHEDULES
 from nli_jax.pretraining.mixture import corpus_globs
+from nli_jax.tasks import TASK_OPTIONS, TASKS, create_task, options_class
 from nli_jax.train import mesh as mesh_lib
 from nli_jax.train.batch_ramp import BatchRampOptions
 
@@ -52,7 +60,6 @@ _TOP = ("task", "eval_splits", "seeds", "export_best", "export_final")
 
 def config_dict(config) -> dict:
     """The config as plain JSON values (tuples as lists), as config.json stores it."""
-    import json
     return json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config))
 
 
@@ -76,10 +83,6 @@ def saved_config(workdir: str):
     """A run's config.json as a ConfigDict (its lists as tuples), an older nli-jax's keys where
     they are now (nli_jax.migrations.upgrade_config_json), the plan's defaults for keys it did not
     write; None when the workdir has none."""
-    import ml_collections
-
-    from nli_jax import workdir as workdir_lib
-    from nli_jax.tasks import options_class
     saved = workdir_lib.read_config(workdir)
     if saved is None:
         return None
@@ -166,7 +169,6 @@ def task_options(config, task: str, problems: list[str]):
     take the class's defaults, each value is checked, and a key the task does not declare is
     refused, unless it is another task's option at that task's default (what a config made for
     another task leaves when --config.task changes the task)."""
-    from nli_jax.tasks import TASK_OPTIONS, TASKS, options_class
     if task not in TASKS:
         return P.NoOptions()  # the unknown task is refused by name
     cls = options_class(task)
@@ -217,7 +219,6 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
     all otherwise). `training=False` (evaluate, predict, export): the model may come from the
     checkpoint given on the command line, and nothing is trained. `devices` / `processes`: as
     JAX sees them unless given (tests check a config against other machines)."""
-    import jax
     processes = jax.process_count() if processes is None else processes
     devices = jax.device_count() if devices is None else devices
     process_index = jax.process_index() if process_index is None else min(jax.process_index(), processes - 1)
@@ -273,7 +274,6 @@ def build_plan(config, *, training: bool = True, devices: int | None = None, pro
 
 def _task(plan: P.RunPlan, problems: list[str]):
     """The plan's task (constructed from the plan's sections; no data read)."""
-    from nli_jax.tasks import TASKS, create_task
     if plan.task in TASKS:
         return create_task(plan)
     suggestions = difflib.get_close_matches(str(plan.task), sorted(TASKS), n=3)
@@ -341,7 +341,6 @@ def _check_relations(plan: P.RunPlan, task, training: bool, problems: list[str])
         problems.append(f"{flag('seeds', tuple(seeds))}: a seed is listed twice (the runs would be identical)")
     model = plan.model
     if training and not model.init:
-        from nli_jax.models.presets import PRESETS
         if model.preset not in PRESETS:
             close = difflib.get_close_matches(str(model.preset), sorted(PRESETS), n=3)
             problems.append(f"{flag('model.preset', model.preset)}: unknown preset (with model.init empty the model "
@@ -388,7 +387,6 @@ def check_paths(plan: P.RunPlan, workdir: str | None = None) -> None:
     """Every path of the run (workdir and PATH_KEYS) has a usable scheme, and a gs:// one a bucket
     that exists behind an endpoint that answers (seconds, not gcsfs's minutes of retries): one
     error naming the key and path, before anything is read, written or computed."""
-    from nli_jax import storage
     values = {"data.source": plan.data.source, "data.tfds_dir": plan.data.tfds_dir,
               "data.train_subset": plan.data.train_subset, "model.init": plan.model.init,
               "model.tokenizer": plan.model.tokenizer}
@@ -460,7 +458,6 @@ def check_unknown_rate(tokenizer, tokenizer_path: str, source, encode, split: st
     unk = tokenizer.unk_token_id
     if unk is None or source is None or len(source) == 0:
         return 0.0
-    import numpy as np
     special = np.asarray(sorted(set(tokenizer.all_special_ids) - {unk}), np.int64)
     n = min(sample, len(source))
     examples = source.get_many(list(range(n))) if hasattr(source, "get_many") else [source[i] for i in range(n)]

@@ -21,17 +21,22 @@ from __future__ import annotations
 
 import atexit
 import errno
+import glob as glob_lib
 import hashlib
+import json
 import logging
 import os
 import shutil
 import stat as stat_lib
+import sys
 import tempfile
 import threading
 import time
 import urllib.parse
 
-from nli_jax.errors import RunError
+import fsspec
+
+from nli_jax.errors import RunError, environment_problem
 
 REMOTE_SCHEMES = ("gs",)
 SUPPORTED = "local paths and gs://bucket/path"
@@ -63,7 +68,6 @@ def _configure_emulator() -> None:
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     os.environ["TENSORSTORE_GCS_HTTP_URL"] = host
     os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anonymous")  # tensorstore: no ADC lookup
-    import fsspec
     for protocol in ("gs", "gcs"):
         # The plain client also when gcsfs was imported before the variable above was set.
         fsspec.register_implementation(protocol, "gcsfs.core.GCSFileSystem", clobber=True)
@@ -74,7 +78,6 @@ def _configure_gcsfs() -> None:
     """No cached directory listings: other hosts (and a rerun) write the same bucket, and a
     stale listing would hide a file they wrote (process 0's examples.json) or cut a read short
     at an old size (a log another process appended to)."""
-    import fsspec
     for protocol in ("gs", "gcs"):
         fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
 
@@ -116,7 +119,7 @@ def resolve(p) -> str:
 
 def path(p):
     """etils.epath.Path of a local path or URL (scheme checked)."""
-    from etils import epath
+    from etils import epath  # late: ~40 ms of imports that a command line's start (--help) does not need
     p = resolve(p)
     if is_remote(p):
         _configure_emulator()
@@ -148,7 +151,6 @@ def glob(pattern: str) -> list[str]:
     """Files matching a pattern (wildcards in the last components), sorted."""
     pattern = resolve(pattern)
     if not is_remote(pattern):
-        import glob as glob_lib
         return sorted(glob_lib.glob(pattern))
     root, parts = pattern, []
     while any(c in os.path.basename(root) for c in "*?["):
@@ -200,7 +202,6 @@ def _bounded_int(text: str) -> int:
 
 def json_decoder(object_pairs_hook=None):
     """A json.JSONDecoder whose integers are bounded (decode with `decode_json`)."""
-    import json
     return json.JSONDecoder(object_pairs_hook=object_pairs_hook, parse_int=_bounded_int)
 
 
@@ -224,7 +225,6 @@ def decode_json(decoder, text: str, position: int = 0):
 
 def loads_json(text: str, object_pairs_hook=None):
     """json.loads within bounds (see decode_json): the whole text is one value."""
-    import json
     decoder = json_decoder(object_pairs_hook)
     start = len(text) - len(text.lstrip())
     value, end = decode_json(decoder, text, start)
@@ -493,9 +493,6 @@ class LogFile(logging.FileHandler):
     def handleError(self, record):  # noqa: N802 - logging's name
         """A log line the file system refuses (full disk, read-only) is one warning line, once,
         instead of logging's traceback per line; the command's own error says the rest."""
-        import sys
-
-        from nli_jax.errors import environment_problem
         error = sys.exc_info()[1]
         problem = environment_problem(error) if error is not None else None
         if problem is None:
@@ -572,7 +569,6 @@ def check_reachable(p, *, what: str = "path") -> None:
 
     def probe():
         try:
-            import fsspec
             fs = fsspec.filesystem("gs")
             # Listing one object needs only object permissions (a bucket GET needs more).
             fs.call("GET", "b/{}/o", bucket, maxResults=1, prefix=prefix, json_out=True)

@@ -18,6 +18,7 @@ a killed run's successor takes over once it expires (LEASE_S).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -28,6 +29,8 @@ import time
 
 from nli_jax import storage
 from nli_jax.errors import RunError
+from nli_jax.migrations import upgrade_config_json
+from nli_jax.plan import LEGACY_VALUES, NoOptions, default_config, section_defaults
 
 LOCK_FILE = ".lock"
 RUN_STATE_FILE = "run.json"
@@ -67,7 +70,7 @@ def read_config(workdir: str) -> dict | None:
 
 def flatten(config_json: dict) -> dict:
     """{dotted key: value} of a config as config.json stores it (mesh.shape is one value)."""
-    from flax import traverse_util
+    from flax import traverse_util  # late: JAX, not for the light tools' check_tool_output
     d = json.loads(json.dumps(config_json))
     shape = d["mesh"].pop("shape", None) if isinstance(d.get("mesh"), dict) else None
     flat = traverse_util.flatten_dict(d, sep=".")
@@ -79,7 +82,6 @@ def flatten(config_json: dict) -> dict:
 def _defaults(task: str, options) -> dict:
     """Every key's default (nli_jax.plan: the sections', the pretraining section's and the task's
     `options` class's)."""
-    from nli_jax.plan import default_config, section_defaults
     return flatten(default_config(task, section_defaults(options), pretrain=True).to_dict())
 
 
@@ -88,8 +90,6 @@ def config_differences(saved: dict, current: dict, options=None) -> list[str]:
     the saved config lacks that the current one gives its default. An older nli-jax's keys are
     read where they are now (nli_jax.migrations.upgrade_config_json), for the current run's task
     `options` class (a TaskOptions subclass; none: NoOptions)."""
-    from nli_jax.migrations import upgrade_config_json
-    from nli_jax.plan import LEGACY_VALUES, NoOptions
     options = options or NoOptions
     saved = upgrade_config_json(saved, options)
     # An older nli-jax's value for a key is the same run as today's spelling of it (remat: false = "none").
@@ -137,7 +137,7 @@ def check_seeds_of_older_run(workdir: str, seeds) -> None:
 
 def write_config(workdir: str, config_json: dict) -> None:
     """config.json, written atomically by process 0 (kept when present: resumable keys may differ)."""
-    import jax
+    import jax  # late: JAX, not for the light tools' check_tool_output
     path = os.path.join(workdir, CONFIG_FILE)
     if jax.process_index() != 0 or storage.isfile(path):
         return
@@ -148,11 +148,11 @@ def check_still_there(workdir: str, what: str) -> None:
     """Refuses to write `what` into a workdir whose config.json vanished while the run went on
     (the directory deleted or moved under it): its results would be reported for a run that
     the workdir no longer holds. Process 0 (which wrote config.json) decides for every process."""
-    import jax
+    import jax  # late: JAX, not for the light tools' check_tool_output
     present = jax.process_index() != 0 or storage.isfile(os.path.join(workdir, CONFIG_FILE))
     if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
+        import numpy as np  # late: JAX, not for the light tools' check_tool_output
+        from jax.experimental import multihost_utils  # late: JAX, not for the light tools' check_tool_output
         present = bool(multihost_utils.broadcast_one_to_all(np.int32(present)))
     if not present:
         raise RunError(f"{workdir}/{CONFIG_FILE} is gone: the workdir was deleted or moved while the run went on; "
@@ -193,7 +193,6 @@ class _LocalLock:
     """An flock on <workdir>/.lock (released by the kernel when the holder dies)."""
 
     def __init__(self, path: str, holder: dict):
-        import fcntl
         self.path = path
         while True:
             fd = storage.open_lock(storage.under(os.path.dirname(path), LOCK_FILE))  # never through a link
@@ -219,7 +218,6 @@ class _LocalLock:
         os.write(fd, json.dumps(holder).encode("utf-8"))
 
     def release(self) -> None:
-        import fcntl
         try:
             os.remove(self.path)  # before unlocking: a waiter then finds the file gone and retries
         except FileNotFoundError:
@@ -233,7 +231,7 @@ class _BucketLock:
     with the object's generation as precondition (no two holders, whatever the timing)."""
 
     def __init__(self, path: str, holder: dict):
-        from google.api_core import exceptions
+        from google.api_core import exceptions  # late: google-cloud-storage, only for gs:// workdirs
         bucket, _, name = path.split("://", 1)[1].partition("/")
         self.blob, self.holder, self.path = _client().bucket(bucket).blob(name), holder, path
         try:
@@ -254,7 +252,7 @@ class _BucketLock:
             except exceptions.PreconditionFailed:
                 raise WorkdirLockedError(f"{os.path.dirname(path)} is in use: another command took over its expired "
                                          f"lock just now (lock: {path})") from None
-            from nli_jax.train.reporting import log
+            from nli_jax.train.reporting import log  # late: JAX, not for the light tools' check_tool_output
             log.warning("%s: took over the expired lock of %s", path, _describe(current))
         self.blob.reload()
         self.generation = self.blob.generation
@@ -263,7 +261,7 @@ class _BucketLock:
         self._thread.start()
 
     def _renew(self) -> None:
-        from google.api_core import exceptions
+        from google.api_core import exceptions  # late: google-cloud-storage, only for gs:// workdirs
         while not self._stop.wait(LEASE_S / 3):
             self.holder["expires"] = time.time() + LEASE_S
             try:
@@ -271,15 +269,15 @@ class _BucketLock:
                 self.blob.reload()
                 self.generation = self.blob.generation
             except exceptions.PreconditionFailed:
-                from nli_jax.train.reporting import log
+                from nli_jax.train.reporting import log  # late: JAX, not for the light tools' check_tool_output
                 log.error("%s: the lock was taken over by another command: this one should stop", self.path)
                 return
             except Exception as e:  # noqa: BLE001 - a transient network error: the next renewal retries
-                from nli_jax.train.reporting import log
+                from nli_jax.train.reporting import log  # late: JAX, not for the light tools' check_tool_output
                 log.warning("%s: could not renew the lock (%s)", self.path, e)
 
     def release(self) -> None:
-        from google.api_core import exceptions
+        from google.api_core import exceptions  # late: google-cloud-storage, only for gs:// workdirs
         self._stop.set()
         self._thread.join(timeout=30)
         try:
@@ -289,9 +287,9 @@ class _BucketLock:
 
 
 def _client():
-    from google.cloud import storage as gcs
+    from google.cloud import storage as gcs  # late: google-cloud-storage, only for gs:// workdirs
     if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
+        from google.auth.credentials import AnonymousCredentials  # late: as google.cloud above
         return gcs.Client(project="nli-jax", credentials=AnonymousCredentials())
     return gcs.Client()
 
@@ -304,7 +302,7 @@ class lock:  # noqa: N801 - used as a context manager: `with workdir.lock(path, 
         self.workdir, self.purpose, self._held = storage.resolve(workdir), purpose, None
 
     def __enter__(self):
-        import jax
+        import jax  # late: JAX, not for the light tools' check_tool_output
         error = None
         if jax.process_index() == 0:
             path = os.path.join(self.workdir, LOCK_FILE)
@@ -321,8 +319,8 @@ class lock:  # noqa: N801 - used as a context manager: `with workdir.lock(path, 
                     self._held.release()
                     self._held = None
         if jax.process_count() > 1:
-            import numpy as np
-            from jax.experimental import multihost_utils
+            import numpy as np  # late: JAX, not for the light tools' check_tool_output
+            from jax.experimental import multihost_utils  # late: JAX, not for the light tools' check_tool_output
             locked = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
             if not locked and error is None:
                 error = WorkdirLockedError(f"{self.workdir} is in use by another command, or cannot be written (see "
@@ -420,7 +418,7 @@ def write_state(workdir: str, state: str, **fields) -> None:
     """run.json: "running", "interrupted" (SIGTERM or Ctrl-C: the last checkpoint kept), "failed" (a step
     diverged: the reason and the last checkpoint) or "finished", the step and the best step
     (process 0)."""
-    import jax
+    import jax  # late: JAX, not for the light tools' check_tool_output
     if jax.process_index() == 0:
         storage.write_text(storage.under(workdir, RUN_STATE_FILE),
                            json.dumps({"state": state, **fields, "updated": time.strftime("%Y-%m-%d %H:%M:%S %Z")},

@@ -21,18 +21,24 @@ occurrences in all hypotheses are not ranked.
 from __future__ import annotations
 
 import collections
+import io
 import json
 import math
 import os
 import re
 import statistics
+import sys
 from typing import Callable, Iterable, Sequence
+
+from absl import app, flags
 
 import nli_jax.tasks  # noqa: F401  (the task registry imports every corpus module: each registers its corpus)
 from nli_jax import storage
 from nli_jax.data import nli as nli_data
 from nli_jax.data.readers import DataError, read_validated
+from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
 from nli_jax.tasks.nli import TASK_CORPORA
+from nli_jax.workdir import check_tool_output
 
 OVERLAP_MEASURES = ("jaccard", "lcs_ratio", "new_token_rate")
 LENGTH_BINS = ((1, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30), (31, None))  # inclusive, None = open
@@ -333,8 +339,6 @@ def join_predictions(path: str, rows: Sequence[tuple[int, dict]], corpus: nli_da
 
 def hypothesis_only_report(joined: dict[str, list[tuple[dict, int]]], names: Sequence[str]) -> dict:
     """Per split: accuracy overall, by gold label, by every category and by tag (as NLITask.report)."""
-    from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
-
     out = {}
     for split, pairs in joined.items():
         examples = [e for e, _ in pairs]
@@ -368,7 +372,6 @@ def analyse(task: str, source: str, workdir: str, *, split: str = "train", predi
     """Computes every statistic for one split of a task's corpus and writes analysis.json,
     analysis.md and the PNG plots into `workdir`; returns the report (analysis.json's content).
     Predictions are checked before anything is written, so a bad file leaves no partial output."""
-    from nli_jax.workdir import check_tool_output
     check_tool_output(workdir, "--workdir", read_flag="--predictions", directory=True,
                       reads=[storage.resolve(predictions), os.path.dirname(storage.resolve(predictions))]
                       if predictions else [])
@@ -502,10 +505,10 @@ def _plot_word(word: str, cjk_font: bool) -> str:
 def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dict[str, str]:
     """overlap.png, hypothesis_length.png and pmi.png (Agg backend: no display needed);
     returns {title: file name} for the markdown."""
-    import matplotlib
+    import matplotlib  # late: plots only; a command that draws none does not pay for matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib import font_manager
+    import matplotlib.pyplot as plt  # late: after matplotlib.use("Agg")
+    from matplotlib import font_manager  # late: as matplotlib above
 
     installed = {f.name for f in font_manager.fontManager.ttflist}
     cjk = [name for name in _CJK_FONTS if name in installed]
@@ -558,8 +561,7 @@ def write_plots(workdir: str, report: dict, overlap: dict, lengths: dict) -> dic
 
 
 def _save(fig, workdir: str, name: str) -> str:
-    import io
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # late: plots only (write_plots chose the Agg backend)
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
@@ -570,7 +572,6 @@ def _save(fig, workdir: str, name: str) -> str:
 # --- command line ------------------------------------------------------------------------------
 
 def define_flags() -> None:
-    from absl import flags
     flags.DEFINE_string("task", None, "Registered NLI task: indonli, ocnli, inferes, indonli_translate_train.")
     flags.DEFINE_string("source", None, "Folder with the corpus' official files (e.g. ../shared/data/indonli).")
     flags.DEFINE_string("workdir", None, "Output folder for analysis.md, analysis.json and the plots.")
@@ -586,9 +587,6 @@ def define_flags() -> None:
 def main(argv) -> None:
     """python -m nli_jax.analysis artifacts --task=indonli --source=DIR --workdir=OUT [--split=train]
     [--predictions=RUN/predictions.jsonl] [--top_k=10]."""
-    import sys
-
-    from absl import app, flags
     FLAGS = flags.FLAGS
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")

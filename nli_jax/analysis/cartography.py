@@ -27,18 +27,20 @@ import os
 import sys
 
 import numpy as np
+from absl import app, flags
 
-from nli_jax import storage
+from nli_jax import cli, storage
+from nli_jax import workdir as workdir_lib
+from nli_jax.hooks import dynamics
+from nli_jax.planner import build_plan, saved_config
+from nli_jax.tasks import create_task
+from nli_jax.train.setup import training_examples as select
 
 REGIONS = ("easy_to_learn", "ambiguous", "hard_to_learn")
 
 
 def training_examples(workdir: str):
     """(plan, task, the examples the run trained on) from the run's config.json and data."""
-    from nli_jax import workdir as workdir_lib
-    from nli_jax.tasks import create_task
-    from nli_jax.planner import build_plan, saved_config
-    from nli_jax.train.setup import training_examples as select
     config = saved_config(workdir)
     if config is None:
         raise FileNotFoundError(f"{workdir} has no {workdir_lib.CONFIG_FILE}: not an nli-jax run directory")
@@ -81,8 +83,6 @@ def _row(task, example, stats) -> dict:
 
 
 def cartography(workdir: str, output: str | None = None, fraction: float = 1 / 3) -> dict:
-    from nli_jax import workdir as workdir_lib
-    from nli_jax.hooks import dynamics
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction={fraction}: must be in (0, 1]")
     output = output or os.path.join(workdir, "cartography")
@@ -151,9 +151,9 @@ def markdown(summary: dict) -> str:
 
 
 def _data_map(path: str, confidence, variability, correctness, title: str) -> str:
-    import matplotlib
+    import matplotlib  # late: plots only; a command that draws none does not pay for matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # late: after matplotlib.use("Agg")
     fig, ax = plt.subplots(figsize=(6, 5), dpi=120)
     points = ax.scatter(variability, confidence, c=correctness, cmap="coolwarm_r", s=6, alpha=0.7, vmin=0, vmax=1)
     fig.colorbar(points, ax=ax, label="correctness")
@@ -172,7 +172,6 @@ def _data_map(path: str, confidence, variability, correctness, title: str) -> st
 
 
 def define_flags() -> None:
-    from absl import flags
     flags.DEFINE_string("workdir", None, "A run trained with --config.hooks.dynamics.enabled=True.")
     flags.DEFINE_string("output", None, "Where the files go (default: <workdir>/cartography).")
     flags.DEFINE_float("fraction", 1 / 3, "Share of the examples in each subset (the paper's third).")
@@ -180,8 +179,6 @@ def define_flags() -> None:
 
 
 def main(argv) -> None:
-    from absl import app, flags
-    from nli_jax import cli
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS

@@ -21,13 +21,16 @@ import json
 import os
 import sys
 
-from nli_jax import storage
+from absl import flags
+
+from configs import finetune_common
+from nli_jax import cli, planner, storage
 from nli_jax.data import overlap
 from nli_jax.data.readers import DataError, read_csv, read_jsonl, read_tsv
+from nli_jax.tasks import create_task
 
 
 def define_flags() -> None:
-    from absl import flags
     flags.DEFINE_string("task", "", "the task whose reader reads TRAIN (and whose splits the names are)")
     flags.DEFINE_string("eval_task", "", "the task whose reader reads each EVAL (default: --task)")
     flags.DEFINE_string("source", "", "the task's data directory, for split names (data.source)")
@@ -49,9 +52,6 @@ def _generic(path: str) -> list[dict]:
 
 
 def _task(name: str, source: str):
-    from configs import finetune_common
-    from nli_jax.tasks import create_task
-    from nli_jax import planner
     config = finetune_common.base_config(name)
     config.data.source = source
     return create_task(planner.build_plan(config, training=False))
@@ -87,8 +87,6 @@ def compare(train: str, evaluated: list[str], *, task: str = "", eval_task: str 
 
 
 def main(argv) -> None:
-    from absl import flags
-    from nli_jax import cli
     FLAGS = flags.FLAGS
     if len(argv) < 3:
         sys.exit("nli_jax.analysis overlap: error: give TRAIN and at least one EVAL (files, or split names with --task)")

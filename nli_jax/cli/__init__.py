@@ -11,16 +11,22 @@ error handling of every nli-jax command (`run`):
 """
 from __future__ import annotations
 
+import ast
 import gc
+import logging
+import os
 import re
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as implementation
 
-from nli_jax.errors import RunError
-from nli_jax.train import compilation
+from nli_jax.cli import platforms
 from nli_jax.cli.command_help import empty_path_problem, given_flags, list_command_flags
+from nli_jax.errors import ConfigError, EnvironmentLogFilter, RunError, environment_problem
+from nli_jax.migrations import moved_key
+from nli_jax.train import compilation
 
 FLAGS = flags.FLAGS
 
@@ -32,9 +38,8 @@ class CommandLineError(RunError, app.UsageError):
 
 def user_errors() -> tuple[type, ...]:
     """Exceptions that are input problems with a complete message (printed as one line)."""
-    from nli_jax.checkpoints.hf import CheckpointError
-    from nli_jax.data.readers import DataError
-    from nli_jax.errors import ConfigError, RunError
+    from nli_jax.checkpoints.hf import CheckpointError  # late: JAX; `import nli_jax` stays light
+    from nli_jax.data.readers import DataError  # late: JAX; `import nli_jax` stays light
     return DataError, ConfigError, CheckpointError, RunError, FileNotFoundError
 
 
@@ -53,7 +58,6 @@ def _quiet_closed_loops(hook):
 
 
 def report_error(error: BaseException, prefix: str = "error: ") -> None:
-    import logging
     message = prefix + " ".join(str(error).split()) if str(error) else f"{prefix}{type(error).__name__}"
     logger = logging.getLogger("nli_jax")
     if logger.handlers:  # the run's log: stderr and <workdir>/train.log
@@ -68,9 +72,6 @@ def _reporting_input_errors(main):
     line (exit status 1). What libraries log about the latter on their own (orbax's background
     writers' tracebacks) is dropped: the one line says it. A Ctrl-C is one line too (exit status 130)."""
     def wrapped(argv):
-        import logging
-
-        from nli_jax.errors import EnvironmentLogFilter, environment_problem
         for handler in logging.getLogger().handlers:  # absl's handler: where orbax's records go
             handler.addFilter(EnvironmentLogFilter())
         sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
@@ -107,8 +108,7 @@ def run(main) -> None:
     On a CPU-only machine, the host allocator is set first (nli_jax.cli.host_memory: step
     temporaries on transparent huge pages, which may re-execute the interpreter once): this must
     precede anything JAX runs."""
-    from nli_jax.cli import host_memory
-    from nli_jax.cli import platforms
+    from nli_jax.cli import host_memory  # late: ctypes & co. only for a command line, not `import nli_jax`
     platforms.skip_absent_tpu()  # before JAX starts: no libtpu start-up on a CPU-only machine
     try:
         host_memory.configure()
@@ -140,7 +140,6 @@ def run_offline(main) -> None:
 def run_tool(main) -> None:
     """app.run for the corpus tools (plain absl flags, no config): input errors such as a
     missing file or too little disk space as one line, exit status 1."""
-    from nli_jax.cli import platforms
     platforms.skip_absent_tpu()
     list_command_flags()
     app.run(_reporting_input_errors(main))
@@ -173,7 +172,7 @@ def _config_values(argv):
 
 def _config_file_problem(argv) -> str | None:
     """The read gate for config files, before ml_collections imports them."""
-    from nli_jax import storage
+    from nli_jax import storage  # late: fsspec (~25 ms) is not for `import nli_jax`
     for name, value in _config_values(argv):
         try:
             storage.readable_file(value.split(":", 1)[0], "config file")
@@ -195,14 +194,13 @@ def _config_load_problem(argv, error: BaseException) -> str | None:
 
 
 def _is_config_flag(flag) -> bool:
-    from ml_collections.config_flags import config_flags as implementation
     return isinstance(flag, getattr(implementation, "_ConfigFlag", ())) or type(flag).__name__ == "_ConfigFlag"
 
 
 def _config_key_problem(argv) -> str | None:
     """'unknown config key ...; did you mean ...' for the first --<config>.<key> override that
     names no field of its config file, or None."""
-    from nli_jax.planner import close_keys, config_keys, has_key
+    from nli_jax.planner import close_keys, config_keys, has_key  # late: JAX; `import nli_jax` stays light
     for arg in argv[1:]:
         match = re.match(r"^--?(no)?(\w+)\.([^=]+)(=.*)?$", arg)
         if not match or match.group(2) not in FLAGS or not _is_config_flag(FLAGS[match.group(2)]):
@@ -218,7 +216,6 @@ def _config_key_problem(argv) -> str | None:
         depth = has_key(config, key)
         if depth is True:
             continue
-        from nli_jax.migrations import moved_key
         if moved_key(key):
             return (f"unknown config key {key!r} ({arg}); it is its component's own option now: "
                     f"--{name}.{moved_key(key)}=")
@@ -264,10 +261,9 @@ def main(argv) -> None:
     """finetune.main / pretrain.main: `cli.run(cli.main)`."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     init_distributed()
-    from nli_jax.train.loop import train_and_evaluate
+    from nli_jax.train.loop import train_and_evaluate  # late: JAX; `import nli_jax` stays light
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
@@ -275,9 +271,6 @@ def apply_overrides(config, assignments) -> None:
     """'a.b.c=value' assignments (a Python literal, else a string) into a ConfigDict, through
     ml_collections' update_from_flattened_dict; a key that names no field is refused with the
     closest ones (update_from_flattened_dict would add it)."""
-    import ast
-
-    from nli_jax.planner import close_keys, config_keys, has_key
     updates = {}
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
@@ -300,9 +293,8 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
     run in `checkpoint` (keys an older nli-jax did not write take the config files' defaults);
     then --override key=value assignments."""
     if config is None:
-        from nli_jax import storage
-        from nli_jax.errors import RunError
-        from nli_jax.planner import saved_config
+        from nli_jax import storage  # late: fsspec (~25 ms) is not for `import nli_jax`
+        from nli_jax.planner import saved_config  # late: JAX; `import nli_jax` stays light
         if not storage.isdir(checkpoint):
             raise FileNotFoundError(f"--checkpoint={checkpoint}: no such directory")
         config = saved_config(checkpoint)
@@ -318,9 +310,6 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
 def parse_files(assignments, flag: str = "--file") -> dict[str, str]:
     """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}. A name is a
     split name, which becomes part of file names (reliability_<name>.png): one path component."""
-    import os
-
-    from nli_jax import storage
     out = {}
     for item in assignments:
         name, sep, path = item.partition("=")
@@ -337,7 +326,7 @@ def parse_files(assignments, flag: str = "--file") -> dict[str, str]:
 
 
 def init_distributed() -> None:
-    import jax
+    import jax  # late: JAX; `import nli_jax` stays light
     if FLAGS.multihost or FLAGS.coordinator_address:
         jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                    num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)

@@ -14,7 +14,11 @@
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
+
+from nli_jax import storage
 
 BINS = 15
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
@@ -118,9 +122,9 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, *, iterations: int =
 def plot_reliability(reports: dict[str, dict], path: str, title: str) -> str:
     """A reliability diagram (accuracy against confidence per bin, the diagonal for perfect
     calibration, bin counts below) for each of `reports` ({name: report()}), one PNG."""
-    import matplotlib
+    import matplotlib  # late: plots only; a command that draws none does not pay for matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # late: after matplotlib.use("Agg")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 5.6), dpi=120, sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect calibration")
@@ -138,9 +142,7 @@ def plot_reliability(reports: dict[str, dict], path: str, title: str) -> str:
     bottom.set_xlabel("confidence (top probability)")
     bottom.set_ylabel("examples")
     fig.tight_layout()
-    import io
 
-    from nli_jax import storage
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
