@@ -8,6 +8,7 @@ Every damaged or missing file is a CheckpointError / FileNotFoundError naming it
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -15,6 +16,9 @@ import re
 import shutil
 
 import numpy as np
+from huggingface_hub import snapshot_download
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from nli_jax import storage
 from nli_jax.errors import ConfigError
@@ -59,7 +63,6 @@ def resolve_directory(path: str) -> str:
     if looks_local or path.count("/") != 1:
         raise FileNotFoundError(f"model directory {path!r} does not exist (expected a directory with "
                                 f"{CONFIG_NAME} and {SAFE_WEIGHTS} or {TORCH_WEIGHTS}, or a hub id 'org/name')")
-    from huggingface_hub import snapshot_download  # only for real users with network access
     log.info("downloading %s from the Hugging Face hub", path)
     return snapshot_download(repo_id=path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "pytorch_model*.bin"])
 
@@ -76,7 +79,7 @@ def read_config(directory: str) -> dict:
 
 def _load_torch(file: str) -> dict[str, np.ndarray]:
     try:
-        import torch
+        import torch  # late: optional dependency (.[torch]), only for pytorch_model.bin
     except ImportError as e:
         raise ImportError(f"{file} is a PyTorch pickle; install torch (pip install 'nli-jax[torch]') "
                           "or convert the checkpoint to safetensors") from e
@@ -107,7 +110,6 @@ def _widened(array) -> np.ndarray:
 
 
 def _load_safetensors(file: str) -> dict[str, np.ndarray]:
-    from safetensors import safe_open
     storage.readable_file(file, "weights file")  # safetensors maps it itself: a regular file first
     out = {}
     try:
@@ -171,7 +173,6 @@ def read_weights(directory: str) -> dict[str, np.ndarray]:
 def write_directory(path: str, weights: dict[str, np.ndarray], config: dict, *, tokenizer=None) -> None:
     """A Hugging Face model directory: model.safetensors, config.json and the tokenizer's files,
     readable by the group. A gs:// path is written locally, then uploaded."""
-    from safetensors.numpy import save_file
     if storage.is_remote(path):  # written locally (safetensors, transformers), then uploaded
         local = os.path.join(storage.scratch_dir(), "export", hashlib.sha256(path.encode()).hexdigest()[:16])
         shutil.rmtree(local, ignore_errors=True)
@@ -254,7 +255,7 @@ def load_tokenizer(path: str):
     directory with vocab.txt and no SentencePiece model loads as a BERT WordPiece tokenizer
     whatever its model_type says.
     """
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # late: transformers (~1 s), only to read a tokenizer
     directory = resolve_directory(path)
     files = set(os.listdir(directory))
     for name in sorted(files & (set(VOCABULARY_FILES) | set(TOKENIZER_FILES))):
@@ -268,7 +269,7 @@ def load_tokenizer(path: str):
         if ("vocab.txt" in files and not has_sentencepiece) or _names_a_bert_tokenizer(directory, files):
             tokenizer = BertTokenizerFast.from_pretrained(directory)
         else:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # late: transformers (~1 s), only to read a tokenizer
             tokenizer = AutoTokenizer.from_pretrained(directory)
     except Exception as e:  # damaged tokenizer.json / spiece.model, unknown tokenizer class
         raise CheckpointError(f"tokenizer in {directory} cannot be loaded ({type(e).__name__}: {_first_line(e)}); "
@@ -279,7 +280,6 @@ def load_tokenizer(path: str):
         raise CheckpointError(f"tokenizer in {directory} has only its {len(special)} special tokens and no vocabulary "
                               f"(files: {sorted(vocabularies)}): every word would be {tokenizer.unk_token}")
     if "vocab.txt" in files:
-        import io  # lines as open() in text mode gives them
         entries = [line.rstrip("\n") for line in io.StringIO(storage.read_text(os.path.join(directory, "vocab.txt")),
                                                              newline=None)]
         lines = len(entries)

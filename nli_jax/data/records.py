@@ -7,6 +7,7 @@ served stale. With several processes, process 0 writes and the others wait, then
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -14,9 +15,12 @@ import os
 import threading
 import urllib.request
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from nli_jax import storage
+from nli_jax.errors import disk_full, no_space_left
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def fingerprint(paths) -> str:
 
 
 def _builder_class():
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # late: tensorflow_datasets (seconds), only for TFDS-backed data
 
     class RecordsBuilder(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")
@@ -101,7 +105,7 @@ def _records_sorted_in_memory():
     into temporary buckets through tf.io.gfile, i.e. TensorFlow, which nli-jax does not install.
     The examples are in memory already (the reader made them), so sorting their records there
     costs their size once more and writes them in the same order as the buckets would."""
-    from tensorflow_datasets.core import shuffle
+    from tensorflow_datasets.core import shuffle  # late: as tensorflow_datasets above
     with _SORT_LOCK:
         limit = shuffle.MAX_MEM_BUFFER_SIZE
         shuffle.MAX_MEM_BUFFER_SIZE = float("inf")
@@ -114,8 +118,7 @@ def _records_sorted_in_memory():
 def prepare_records(name: str, examples: dict[str, list[dict]], source_files, data_dir: str,
                     description: str = "") -> dict[str, "RecordSource"]:
     """Writes {split: [example dicts with 'idx']} as array_record; returns random-access sources."""
-    import jax
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # late: tensorflow_datasets (seconds), only for TFDS-backed data
     tfds.disable_progress_bar()
     config = tfds.core.BuilderConfig(name=f"files_{fingerprint(source_files)}", description=description)
     remote = storage.is_remote(data_dir)
@@ -138,7 +141,6 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
             with _records_sorted_in_memory():
                 builder.download_and_prepare()
         except Exception as e:
-            from nli_jax.errors import disk_full, no_space_left
             if no_space_left(e):
                 raise disk_full(e, f"the array_record copy of {name}", local_dir,
                                 "the partial copy is rebuilt (or set --config.data.tfds_dir to another disk)") from None
@@ -155,7 +157,6 @@ def prepare_records(name: str, examples: dict[str, list[dict]], source_files, da
             storage.copy(os.path.join(local, marker), storage.under(shared, marker))
 
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
         if jax.process_index() == 0:
             build_once()
         multihost_utils.sync_global_devices(f"nli_jax prepare {name} {config.name}")
@@ -235,7 +236,6 @@ def verified(make_builder, prepare, examples):
 def _building(local_dir: str, name: str):
     """An flock on <local_dir>/.<name>.lock while the copy is checked or built (released by the
     kernel when the holder dies)."""
-    import fcntl
     fd = storage.open_lock(storage.under(local_dir, f".{name}.lock"))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

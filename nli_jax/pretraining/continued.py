@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from nli_jax import storage
+from nli_jax.checkpoints.hf import CONFIG_NAME, read_config, resolve_directory
 from nli_jax.errors import RunError
 from nli_jax.plan import ModelPlan
 
@@ -20,7 +21,6 @@ CONTINUABLE_MODEL_TYPES = ("bert", "albert")
 def vocabulary_dir(model: ModelPlan) -> str:
     """The directory whose vocab.txt tokenises the corpus: model.tokenizer, else model.init's
     (the checkpoint's own tokenizer). Empty when neither is set."""
-    from nli_jax.checkpoints.hf import resolve_directory
     path = model.tokenizer_path
     return resolve_directory(path) if path else ""
 
@@ -34,7 +34,6 @@ def check_checkpoint(model: ModelPlan, building_examples: bool, model_types=CONT
     init = model.init
     if not init:
         return
-    from nli_jax.checkpoints.hf import CONFIG_NAME, read_config, resolve_directory
     directory = resolve_directory(init)
     model_type = read_config(directory).get("model_type")
     if model_type not in model_types:

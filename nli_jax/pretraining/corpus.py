@@ -15,9 +15,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import resource
 import shutil
 from multiprocessing import get_context
 from typing import Iterator
+
+from tqdm import tqdm
+from nli_jax import storage
+from nli_jax.data.readers import DataError
+from nli_jax.errors import RunError
 
 # Twitter normalisation of the IndoNLU paper (Twitter UI data): these become placeholders.
 _USERNAME = re.compile(r"(?<![\w@])@\w{1,30}")
@@ -70,7 +76,6 @@ def read_documents(path: str, *, lines_are_sentences: bool = False, max_lines_pe
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if "\0" in line:  # text holds no NUL bytes: a binary (or zero-filled, damaged) file
-                from nli_jax.data.readers import DataError
                 raise DataError(f"{path}:{number}: NUL byte at column {line.index(chr(0)) + 1} (a damaged or binary "
                                 "file): not a text corpus; nothing was written")
             line = line.strip()
@@ -90,9 +95,6 @@ def read_documents(path: str, *, lines_are_sentences: bool = False, max_lines_pe
 def open_files_for(needed: int, what: str) -> None:
     """Raises this process's open-file limit (its workers inherit it) to `needed` when the hard
     limit allows; else one error naming `what` and the limit, before anything is written."""
-    import resource
-
-    from nli_jax.errors import RunError
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if needed <= soft:
         return
@@ -109,7 +111,6 @@ def _bucket_of(document: str, buckets: int) -> int:
 
 def _pass1(args):
     index, path, tmp_dir, buckets, options = args
-    from nli_jax import storage
     handles = [storage.open_output(storage.under(tmp_dir, f"b{b:05d}.f{index:05d}")) for b in range(buckets)]
     docs = sentences = 0
     try:
@@ -150,7 +151,6 @@ def _pass2(args):
     # 16-byte digests only: memory grows with the bucket's document count, never with its text.
     seen, kept, dropped = set(), 0, 0
     parts = sorted(p for p in os.listdir(tmp_dir) if p.startswith(f"b{bucket:05d}."))
-    from nli_jax import storage
     directory, name = os.path.split(output)
     tmp_out = output + ".tmp"
     with storage.open_output(storage.under(directory, name + ".tmp")) as out:
@@ -172,7 +172,6 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
                    lines_are_sentences: bool = False, twitter: bool = False, max_lines_per_document: int = 0,
                    min_sentence_chars: int = 1, min_sentences: int = 1, progress: bool = True) -> dict:
     """Writes <output_dir>/corpus-SSSSS-of-NNNNN.txt; returns counts."""
-    from nli_jax import storage
     missing = [p for p in inputs if not os.path.lexists(p)]
     if missing:
         raise FileNotFoundError(f"input files not found: {missing}")
@@ -201,7 +200,6 @@ def prepare_corpus(inputs: list[str], output_dir: str, *, shards: int = 8, worke
 
 
 def _run_passes(ctx, inputs, output_dir, tmp_dir, shards, workers, options, progress) -> dict:
-    from tqdm import tqdm
     with ctx.Pool(max(1, workers)) as pool:
         jobs = [(i, p, tmp_dir, shards, options) for i, p in enumerate(inputs)]
         docs = sentences = 0

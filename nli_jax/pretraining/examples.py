@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -23,8 +24,14 @@ import threading
 from multiprocessing import get_context
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+from tqdm import tqdm
 
 from nli_jax import storage
+from nli_jax.checkpoints.hf import check_special_tokens
+from nli_jax.data.readers import DataError
+from nli_jax.errors import RunError
+from nli_jax.pretraining.vocab import load_fast_tokenizer
 
 META = "examples.json"
 
@@ -129,7 +136,6 @@ def _documents(path: str):
             try:
                 decoded = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                from nli_jax.data.readers import DataError
                 raise DataError(f"{path}:{number}: not UTF-8 (byte {raw[e.start]:#x} at column {e.start + 1}); "
                                 "prepare the corpus with `python -m pretrain.prepare_corpus`") from None
             # Universal newlines, as text mode reads them ("\r\n", "\r" and "\n" end a line).
@@ -242,8 +248,6 @@ def _shard_files(output_dir: str, index: int) -> dict[str, str]:
 def _shard_job(args):
     (index, path, vocab_dir, output_dir, max_seq_length, short_seq_prob, sentence_task, dupe_factor, seed,
      heldout_permille, dtype_name, fingerprint, window_chars) = args
-    from array_record.python.array_record_module import ArrayRecordWriter
-    from nli_jax.pretraining.vocab import load_fast_tokenizer
     tokenizer = load_fast_tokenizer(vocab_dir)
     dtype = np.dtype(dtype_name)
     files = _shard_files(output_dir, index)
@@ -404,7 +408,6 @@ def check_vocabulary(directory: str, meta: dict, vocab_dir: str) -> None:
     compute (its ids would select other embeddings: loss nan past the vocabulary)."""
     if not vocab_dir:
         return
-    from nli_jax.errors import RunError
     ours = vocabulary_fingerprint(storage.local_copy(vocab_dir) if storage.is_remote(vocab_dir) else vocab_dir)
     theirs = meta.get("vocab_fingerprint")
     if ours is None or theirs is None:  # no vocab.txt to compare, or examples of an older nli-jax: the size
@@ -412,7 +415,6 @@ def check_vocabulary(directory: str, meta: dict, vocab_dir: str) -> None:
             theirs = {"fingerprint": None, "size": meta["vocab_size"]}
         else:
             if theirs is None:
-                import logging
                 logging.getLogger("nli_jax").info("%s/%s has no vocabulary fingerprint (built by an older nli-jax): "
                                                   "only its vocabulary size is checked", directory, META)
             return
@@ -441,7 +443,6 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     # at least (the shortest target length _segment_pairs draws).
     special = 3 if sentence_task != "none" else 2
     if max_seq_length < special + 2:
-        from nli_jax.errors import RunError
         raise RunError(f"--max_seq_length={max_seq_length}: too short for --sentence_task={sentence_task}: an example "
                        f"({'[CLS] A [SEP] B [SEP]' if special == 3 else '[CLS] A [SEP]'}) needs {special} special "
                        f"tokens and 2 of text, at least {special + 2} (BERT's phases: 128, then 512)")
@@ -457,7 +458,6 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     # this process's scratch, and a gs:// output_dir is built there and uploaded.
     local_vocab = storage.local_copy(vocab_dir)
     vocab_bytes = storage.read_bytes(os.path.join(local_vocab, "vocab.txt"))
-    from nli_jax.checkpoints.hf import check_special_tokens
     # [MASK] above all: masking would draw a token the vocabulary does not have.
     check_special_tokens(storage.origin(vocab_dir), vocab_bytes.decode("utf-8", errors="replace").splitlines())
     vocab_size = vocab_bytes.count(b"\n") + (0 if vocab_bytes.endswith(b"\n") or not vocab_bytes else 1)
@@ -493,7 +493,6 @@ def create_examples(corpus_files: list[str], vocab_dir: str, output_dir: str, *,
     storage.makedirs(storage.under(local_out))
     jobs = [(i, local_files[i], local_vocab, local_out, max_seq_length, short_seq_prob, sentence_task, dupe_factor,
              seed, heldout_permille, dtype, fingerprints[i], window_chars) for i in todo]
-    from tqdm import tqdm
     if jobs:
         with get_context("spawn").Pool(max(1, min(workers, len(jobs)))) as pool:
             for index, _, _ in tqdm(pool.imap_unordered(_shard_job, jobs), total=len(jobs), desc="examples",
@@ -545,7 +544,6 @@ class ExampleSource:
 
     def _open(self):
         if self._readers is None:
-            from array_record.python.array_record_module import ArrayRecordReader
             self._readers = [ArrayRecordReader(f, "readahead_buffer_size:0") for f in self.files]
         return self._readers
 

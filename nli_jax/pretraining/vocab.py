@@ -12,10 +12,17 @@ so nli-jax never relies on it.
 """
 from __future__ import annotations
 
+import codecs
 import json
+import logging
 import os
+import random
 import tempfile
 
+import sentencepiece as spm
+from tokenizers import BertWordPieceTokenizer
+
+from nli_jax import storage
 from nli_jax.errors import RunError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -32,7 +39,6 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
     As BERT's and SentencePiece's tools do, a corpus of more than `sample_sentences` lines is
     trained on a sample of that many (each line kept with the same probability, seeded), so
     time and memory stay those of the sample however large the corpus; 0 = every line."""
-    from nli_jax import storage
     missing = [f for f in files if not os.path.lexists(f)]
     if missing:
         raise FileNotFoundError(f"corpus files not found: {missing}")
@@ -61,7 +67,6 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
                        f"tokens and placeholders and its alphabet, each character as a word start and a "
                        f"continuation): ask for {len(vocab)} or more (nothing was written)")
     if len(vocab) < vocab_size:  # the trainers stop where the corpus runs out of words and pieces
-        import logging
         logging.getLogger("nli_jax").warning(
             "--vocab_size=%d: the corpus yields %d entries (%d special tokens and placeholders, %d words and pieces%s), "
             "fewer than asked: vocab.txt has %d", vocab_size, len(vocab), fixed, len(vocab) - fixed,
@@ -79,7 +84,6 @@ def train_vocabulary(files: list[str], output_dir: str, *, vocab_size: int = 305
 def check_text_file(path: str) -> None:
     """A RunError naming the file and line of the first bytes that are not UTF-8, or of the first
     NUL byte (a binary or damaged file); nothing when it is text. Reads lines of at most 16 MiB."""
-    import codecs
     decoder = codecs.getincrementaldecoder("utf-8")()
     line, offset = 1, 0
     with open(path, "rb") as f:  # a regular file: through storage.readable_file before
@@ -122,9 +126,7 @@ def sample_lines(files: list[str], sample: int, output, *, seed: int = 12345) ->
     total = sum(_count_lines(f) for f in files)
     if total <= sample:
         return list(files)
-    import random
     rng, keep = random.Random(seed), sample / total
-    from nli_jax import storage
     with storage.open_output(output) as out:  # an OutputPath
         for path in files:
             check_text_file(path)  # a binary file would be sampled as U+FFFD characters, silently
@@ -136,7 +138,6 @@ def sample_lines(files: list[str], sample: int, output, *, seed: int = 12345) ->
 
 
 def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):
-    from tokenizers import BertWordPieceTokenizer
     tokenizer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=None if lowercase else False)
     tokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
                     special_tokens=SPECIAL_TOKENS + PLACEHOLDERS, wordpieces_prefix="##")
@@ -145,7 +146,6 @@ def _wordpiece(files, vocab_size, lowercase, min_frequency, limit_alphabet):
 
 
 def _sentencepiece_bpe(files, vocab_size, lowercase, sample):
-    import sentencepiece as spm
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "bpe")
         spm.SentencePieceTrainer.train(
@@ -177,9 +177,7 @@ def _sentencepiece_bpe(files, vocab_size, lowercase, sample):
 def load_fast_tokenizer(vocab_dir: str, lowercase: bool | None = None):
     """nli-jax's own encoder for pretraining data: the `tokenizers` WordPiece pipeline on the
     same vocab.txt (batch encoding in Rust threads)."""
-    from tokenizers import BertWordPieceTokenizer
     if lowercase is None:
-        from nli_jax import storage
         config = os.path.join(vocab_dir, "tokenizer_config.json")
         lowercase = True
         if os.path.lexists(config):

@@ -22,9 +22,15 @@ import os
 import tempfile
 
 import numpy as np
+from flax import nnx
+from tokenizers import Tokenizer, models, trainers
 
 from nli_jax import storage
+from nli_jax.checkpoints import load_tokenizer
 from nli_jax.errors import RunError
+from nli_jax.models import make_rngs
+from nli_jax.pretraining.vocab import check_text_file, sample_lines
+from nli_jax.train.inputs import TOKENIZER_FILES
 
 log = logging.getLogger("nli_jax")
 
@@ -38,7 +44,6 @@ FERTILITY_LINES = 5000
 def load_hf_tokenizer(directory: str):
     """The directory's tokenizer as nli-jax's runs load it (nli_jax.checkpoints.load_tokenizer:
     a transformers fast tokenizer)."""
-    from nli_jax.checkpoints import load_tokenizer
     return load_tokenizer(directory)
 
 
@@ -88,7 +93,6 @@ def old_pieces(tokenizer, kind: str, token: str) -> list[int]:
 def _trained_pieces(kind: str, backend, files: list[str], vocab_size: int, special: list[str]) -> list[str]:
     """Pieces a trainer of `kind` finds in `files` with the old tokenizer's normaliser and
     pre-tokeniser, most useful first (WordPiece: the merge order; Unigram: by score)."""
-    from tokenizers import Tokenizer, models, trainers
     if kind == "WordPiece":
         prefix = backend.model.continuing_subword_prefix
         tokenizer = Tokenizer(models.WordPiece(unk_token=backend.model.unk_token, continuing_subword_prefix=prefix))
@@ -147,7 +151,6 @@ def write_extended_tokenizer(directory: str, output_dir: str, tokenizer, kind: s
     old_size, old_size + 1, ...): vocab.txt's lines and tokenizer.json's model vocabulary (a
     SentencePiece directory without tokenizer.json gets one, from the loaded fast tokenizer).
     Returns the files left out (SentencePiece model files, which cannot hold the new pieces)."""
-    from nli_jax.train.inputs import TOKENIZER_FILES
     storage.makedirs(storage.under(output_dir))
     names = sorted(n for n in os.listdir(directory) if n in TOKENIZER_FILES and os.path.isfile(os.path.join(directory, n)))
     left_out = [n for n in names if n in SLOW_TOKENIZER_FILES]
@@ -192,7 +195,6 @@ def read_lines(files: list[str], limit: int) -> list[str]:
 
 def _encodings(tokenizer, lines: list[str]):
     """`lines` encoded without special tokens, padding or truncation (a tokenizer.json may pad to 128)."""
-    from tokenizers import Tokenizer
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_padding()
     backend.no_truncation()
@@ -234,7 +236,6 @@ def extend_vocabulary(tokenizer_dir: str, corpora: dict[str, list[str]], new_pie
     """Trains pieces on the text of `corpora` ({language: files}, one sentence per line), appends
     up to `new_pieces` the tokenizer lacks, writes the extended tokenizer (and vocab_extension.json)
     to `output_dir`, and measures each language's fertility before and after."""
-    from nli_jax.pretraining.vocab import check_text_file, sample_lines
     if new_pieces < 1:
         raise RunError(f"--new_pieces={new_pieces}: must be at least 1")
     files = [f for fs in corpora.values() for f in fs]
@@ -356,7 +357,6 @@ def grow_model(model, growth: VocabularyGrowth, seed: int):
     """A copy of `model` (an nnx module loaded at the checkpoint's vocabulary) whose vocabulary
     parameters (every parameter with a "vocab" logical axis: the word embeddings, the MLM decoder's
     bias, an untied decoder) have growth.vocab_size rows, the new ones initialised by `grow_rows`."""
-    from flax import nnx
     config = dataclasses.replace(model.config, vocab_size=growth.vocab_size)
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(seed)
@@ -374,5 +374,4 @@ def grow_model(model, growth: VocabularyGrowth, seed: int):
 
 def _rebuilt(model, config):
     """A model of `model`'s class and head arguments with `config` (shapes only, under eval_shape)."""
-    from nli_jax.models import make_rngs
     return type(model)(config, rngs=make_rngs(0), **model.head_arguments())
