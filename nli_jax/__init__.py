@@ -42,6 +42,7 @@ def from_pretrained(path: str, *, task: str = "encoder", **kwargs):
     "token_classification" or "multi_aspect_classification". Save with `model.save_pretrained(path,
     tokenizer=..., label_names=...)`.
     """
+    # late: JAX and Flax, not for `import nli_jax` (the module's docstring)
     from nli_jax.models import (ConfigError, EncoderModel, ForMaskedLM, ForMultiAspectClassification,
                                 ForSequenceClassification, ForTokenClassification)
     classes = {"encoder": EncoderModel, "masked_lm": ForMaskedLM, "sequence_classification": ForSequenceClassification,

@@ -78,6 +78,7 @@ from nli_jax.tasks.ocnli import OCNLI
 from nli_jax import storage
 from nli_jax.data.readers import DataError, read_jsonl
 from nli_jax.cli.command_help import empty_path_problem
+from nli_jax.workdir import check_tool_output
 
 
 class SubmissionError(DataError):
@@ -339,7 +340,6 @@ def indonlu_submission(runs: str | Mapping[str, str], out_dir: str, *, tasks: Se
         run_dirs = {t: os.path.join(runs, t) for t in tasks}
     else:
         run_dirs = {t: runs[t] for t in tasks if t in runs}
-    from nli_jax.workdir import check_tool_output
     check_tool_output(out_dir, "--output", reads=_runs_read(run_dirs.values(), seed), directory=True)
     paths, missing = {}, []
     for task in tasks:
@@ -443,7 +443,6 @@ def ocnli_submission(run: str, out_path: str, *, train_size: str = "50k", naming
     filename = ocnli_filename(train_size, naming)
     if storage.isdir(out_path) or out_path.endswith(("/", os.sep)):
         out_path = os.path.join(out_path, filename)
-    from nli_jax.workdir import check_tool_output
     for flag, target in (("--output", out_path), ("--zip", zip_path)):
         if target:
             check_tool_output(target, flag, reads=[storage.resolve(predictions_path(run, seed)), *_runs_read([run], seed)],

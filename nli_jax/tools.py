@@ -10,6 +10,7 @@ import os
 
 import jax
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from nli_jax import hooks as run_hooks
 from nli_jax import storage
@@ -20,6 +21,7 @@ from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
 from nli_jax.train import inputs as inputs_lib
 from nli_jax import planner
+from nli_jax.migrations import upgrade_config_json
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
 from nli_jax.train.reporting import log, setup_logging, write_json, write_jsonl
@@ -35,7 +37,6 @@ def host_params(params):
     tensor axes spanning hosts) are gathered with multihost_utils: device_get cannot read the
     shards of another process."""
     if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(params)):
-        from jax.experimental import multihost_utils
         return multihost_utils.process_allgather(params, tiled=True)
     return jax.device_get(params)
 
@@ -69,7 +70,6 @@ def resolve_checkpoint(path: str) -> dict:
 
 def _run_checkpoint_setup(plan, workdir, checkpoint: str, saved_config: dict, splits=None):
     """RunSetup and best parameters of a run's workdir, refusing a config whose model differs."""
-    from nli_jax.migrations import upgrade_config_json
     options = type(plan.task_options)
     model_keys = (*_MODEL_KEYS, *(f"task_options.{name}" for name in options.model_input_fields()))
     ours = workdir_lib.flatten(plan.config_json)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 
+from absl import flags
+
 # Packages whose flags a command lists (absl's, JAX's and other libraries' stay under --helpfull).
 OWN_PACKAGES = ("nli_jax", "finetune", "pretrain", "launch", "benchmarks")
 
 
 def list_command_flags(main_module: str | None = None) -> None:
-    from absl import flags
     values = flags.FLAGS
     main_module = main_module or sys.argv[0]
     for module, defined in values.flags_by_module_dict().items():
@@ -47,6 +48,5 @@ def empty_path_problem(given: dict) -> str | None:
 
 def given_flags() -> dict:
     """{name: value} of the absl flags the command line gave (present), for empty_path_problem."""
-    from absl import flags
     values = flags.FLAGS
     return {name: values[name].value for name in values if values[name].present}

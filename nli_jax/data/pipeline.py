@@ -17,6 +17,8 @@ from typing import Callable, ClassVar, Iterator, Protocol, Sequence
 import grain
 import jax
 import numpy as np
+from absl import flags
+from jax.experimental import multihost_utils
 
 
 def bucket_length(buckets: Sequence[int], longest: int) -> int:
@@ -448,7 +450,6 @@ def encoded_lengths(source, encode: Callable[[dict], dict], process_index: int, 
     local[:len(mine)] = [len(encode(source[i])["input_ids"]) for i in mine]
     if process_count == 1:
         return local[:n]
-    from jax.experimental import multihost_utils
     gathered = np.asarray(multihost_utils.process_allgather(local))  # [process, row]
     lengths = np.zeros(n, np.int32)
     for p in range(process_count):
@@ -476,7 +477,6 @@ class TrainingBatches:
             # grain workers read absl flags: parse them when the program did not (argparse, pytest).
             # The program still needs a __main__ guard; a saved iterator state restores only with
             # the same worker count.
-            from absl import flags
             if not flags.FLAGS.is_parsed():
                 flags.FLAGS.mark_as_parsed()
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))

@@ -16,6 +16,7 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 
 from nli_jax import storage
@@ -55,7 +56,6 @@ def read_temperature(checkpoint: str) -> float | None:
 
 
 def write_temperature(workdir: str, temperature: float, fit: dict) -> None:
-    import jax
     if jax.process_index() == 0:
         storage.write_text(storage.under(workdir, CALIBRATION_FILE), json.dumps(dict(fit, temperature=temperature),
                                                                                 indent=2))
@@ -118,7 +118,6 @@ def report(task, evaluation, temperature: float | None, workdir: str) -> dict | 
         out["temperature"] = temperature
         out["temperature_scaled"] = {k: scaled[k] for k in MEASURES}
         curves[f"temperature {temperature:.2f}"] = scaled
-    import jax
     if jax.process_index() == 0:
         # The split name (a task's, or --file's of finetune.evaluate) is one path component.
         path = storage.under(workdir, f"reliability_{storage.component(evaluation.split, 'split name')}.png")

@@ -1,6 +1,10 @@
 """Flax NNX encoders (BERT, ALBERT, XLM-R, ELECTRA, ...) and their heads."""
 # Every model family module registers its model_types (nli_jax.models.families) when imported:
 # all of them are imported here, before anything builds a model.
+import jax
+
+from flax import nnx
+
 from nli_jax.models import bert  # noqa: F401  (registers bert, albert, roberta, xlm-roberta, electra)
 from nli_jax.models import deberta  # noqa: F401  (registers deberta-v2)
 from nli_jax.models import modernbert  # noqa: F401  (registers modernbert)
@@ -17,6 +21,4 @@ __all__ = ["ConfigError", "EncoderConfig", "Encoder", "EncoderModel", "ForMasked
 
 
 def count_parameters(model) -> int:
-    import jax
-    from flax import nnx
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -13,6 +13,7 @@ import os
 import jax
 from flax import nnx
 
+from nli_jax.checkpoints import hf
 from nli_jax.checkpoints.hf import CheckpointError
 from nli_jax.models.config import EncoderConfig
 from nli_jax.models.encoder import make_rngs
@@ -57,7 +58,6 @@ class ForElectraPretraining(PretrainedModel):
                         seed: int = 0, strict: bool = True, config_overrides=None, **_):
         """The discriminator from `path` (an ELECTRA directory), the generator from
         `path`/generator when there is one (its vocabulary must be the discriminator's), else new."""
-        from nli_jax.checkpoints import hf
         kwargs = dict(dtype=dtype, remat=remat, scan_layers=scan_layers, seed=seed, strict=strict,
                       config_overrides=config_overrides)
         discriminator = ForReplacedTokenDetection.from_pretrained(path, **kwargs)

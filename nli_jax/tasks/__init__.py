@@ -4,6 +4,9 @@
 import importlib
 import pkgutil
 
+import ml_collections
+
+from nli_jax.plan import NoOptions, section_defaults
 from nli_jax.tasks.base import TASK_OPTIONS, TASKS, Task, register
 
 for _module in pkgutil.iter_modules(__path__):
@@ -21,14 +24,11 @@ def create_task(plan) -> Task:
 def options_class(name: str):
     """The options class task `name` registered (NoOptions for an unknown name: the planner
     refuses the name itself)."""
-    from nli_jax.plan import NoOptions
     return TASK_OPTIONS.get(name, NoOptions)
 
 
 def options_config(name: str, **values):
     """config.task_options for task `name`: its options' defaults, `values` set over them."""
-    import ml_collections
-    from nli_jax.plan import section_defaults
     defaults = section_defaults(options_class(name))
     unknown = sorted(set(values) - set(defaults))
     if unknown:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from nli_jax.data.pipeline import Batching
+from nli_jax.errors import RunError
 from nli_jax.plan import BatchPlan, DataPlan, NoOptions, TaskOptions
 
 # name -> factory(RunPlan) -> Task. The built-in tasks register when nli_jax.tasks is imported.
@@ -82,7 +83,6 @@ class Task(abc.ABC):
         tokenizer (`tokenizer_values`). Training, evaluation and the tools use bound tasks only."""
         fixed = tuple(getattr(self, "labels", ()) or ())  # the task's own label set (NLI's: its corpus's)
         if labels is not None and fixed and fixed != tuple(labels):
-            from nli_jax.errors import RunError
             raise RunError(f"the checkpoint's labels {list(labels)} are not task {self.name!r}'s {list(fixed)}")
         bound = copy.copy(self)
         names = labels if labels is not None else self.labels_from(splits or {})

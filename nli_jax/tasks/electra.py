@@ -22,6 +22,7 @@ import optax
 
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import electra
+from nli_jax.models.presets import PRESETS
 from nli_jax.plan import option
 from nli_jax.tasks.base import register
 from nli_jax.tasks.pretraining import MaskedLMOptions, Pretraining
@@ -46,7 +47,6 @@ class ElectraPretraining(Pretraining):
     objective = "ELECTRA's replaced-token detection: its generator and discriminator"
 
     def plan_problems(self, plan):
-        from nli_jax.models.presets import PRESETS
         model, problems = plan.model, super().plan_problems(plan)
         if not model.init and PRESETS.get(model.preset, {}).get("model_type", "electra") != "electra":
             problems.append(f"--config.model.preset={model.preset!r}: a {PRESETS[model.preset]['model_type']} shape; "

@@ -16,12 +16,13 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from nli_jax import storage
 from nli_jax.data.pipeline import Subset
 from nli_jax.errors import RunError
 from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
-from nli_jax.models import ForMaskedLM
+from nli_jax.models import ForMaskedLM, families
 from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptions, option
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
 from nli_jax.pretraining.examples import ExampleSource, check_vocabulary, create_examples, vocabulary_fingerprint
@@ -116,7 +117,6 @@ class Pretraining(Task):
         *ForMaskedLM); `continuable_model_types` when an objective names its own."""
         if self.continuable_model_types is not None:
             return self.continuable_model_types
-        from nli_jax.models import families
         own = () if self.pretrain.sentence_task != "none" else tuple(
             t for t in families.model_types() if "masked_lm" in families.get(t).heads)
         return tuple(dict.fromkeys(("bert", "albert") + own))
@@ -208,7 +208,6 @@ class Pretraining(Task):
                         "; ".join(stale))
             storage.rmtree(directory)
         if jax.process_count() > 1:  # every process decides on the same (possibly just removed) state
-            from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax pretraining examples checked")
         if not storage.isfile(os.path.join(directory, "examples.json")):
             if not files:
@@ -219,7 +218,6 @@ class Pretraining(Task):
                                 dupe_factor=p.dupe_factor, seed=p.data_seed, workers=p.workers,
                                 heldout_permille=p.heldout_permille, progress=False)
             if jax.process_count() > 1:
-                from jax.experimental import multihost_utils
                 multihost_utils.sync_global_devices("nli_jax pretraining examples")
         return directory
 

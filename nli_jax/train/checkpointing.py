@@ -21,6 +21,7 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from nli_jax import storage
 from nli_jax.errors import RunError, disk_full, no_space_left
@@ -230,7 +231,6 @@ class Checkpointer:
                 storage.move(os.path.join(self.directory, str(step)),
                              storage.under(self.workdir, UNREADABLE_DIR, os.path.basename(target)))
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax checkpoints set aside")
         self.manager.reload()
         return targets
@@ -243,7 +243,6 @@ class Checkpointer:
             storage.move(os.path.join(str(self.best.directory), str(step)),
                          storage.under(self.workdir, UNREADABLE_DIR, os.path.basename(target)))
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices("nli_jax best set aside")
         self.best.reload()
         return target

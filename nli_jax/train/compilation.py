@@ -42,7 +42,7 @@ def listen() -> None:
     global _listening
     if _listening:
         return
-    import jax
+    import jax  # late: nli_jax.cli imports this module; `import nli_jax` stays without JAX
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
     jax.monitoring.register_event_listener(_on_event)
     _listening = True
@@ -56,7 +56,7 @@ def totals() -> dict:
 def since(before: dict) -> dict:
     """What was compiled after `before` (a totals() snapshot), with the cache directory in use;
     `by_function`: programs per jitted function (a train step's count is its shapes)."""
-    import jax
+    import jax  # late: nli_jax.cli imports this module; `import nli_jax` stays without JAX
     now = totals()
     out = {k: now[k] - before[k] for k in now if k != "by_function"}
     out["by_function"] = {name: n - before["by_function"].get(name, 0) for name, n in sorted(now["by_function"].items())
@@ -70,14 +70,14 @@ def configure_cache(directory: str | None) -> str | None:
     """JAX's persistent compilation cache in `directory` (every program, however quick to
     compile: a CPU run's are many and small); None or empty: off. The environment's
     JAX_COMPILATION_CACHE_DIR (the tests' private cache) is left as it is. Returns the directory."""
-    import jax
+    import jax  # late: nli_jax.cli imports this module; `import nli_jax` stays without JAX
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         directory = os.environ["JAX_COMPILATION_CACHE_DIR"]
     elif not directory:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     else:
-        from nli_jax import storage
+        from nli_jax import storage  # late: fsspec, as jax above
         directory = storage.makedirs(storage.under(directory))  # JAX writes its cache entries in it
         jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_enable_compilation_cache", True)

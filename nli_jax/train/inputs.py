@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 
+import jax
+
 from nli_jax import storage
 from nli_jax.errors import RunError
 
@@ -122,7 +124,6 @@ def check_inputs(workdir: str, current: dict, *, trained: bool, parts=None) -> N
 
 
 def write_inputs(workdir: str, current: dict) -> None:
-    import jax
     if jax.process_index() != 0:
         return
     storage.write_text(storage.under(workdir, INPUTS_FILE), json.dumps(current, indent=2, sort_keys=True))

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -69,7 +70,6 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence | None = No
     except ValueError as e:
         raise ValueError(f"mesh {shape}: {e}") from None
     try:
-        from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(sizes, devices=devices)
     except Exception:  # non-TPU topologies with uneven host shapes
         grid = np.asarray(devices).reshape(sizes)

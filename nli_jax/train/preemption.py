@@ -21,6 +21,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 log = logging.getLogger("nli_jax")
@@ -78,5 +79,4 @@ class Preemption:
             return self._reached_sync_point(step)
         if step % self.check_every:
             return False
-        from jax.experimental import multihost_utils
         return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))

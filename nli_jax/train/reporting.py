@@ -100,7 +100,7 @@ def tensorboard_writer(workdir: str, suffix: str = ""):
     """A TensorBoard writer of <workdir>/tensorboard (the Reporter's, and run hooks' own, each with its
     file name `suffix`: two writers opened in the same second would otherwise share one file);
     process 0's."""
-    from tensorboardX import SummaryWriter
+    from tensorboardX import SummaryWriter  # late: ~1 s of imports (protobuf), only where events are written
     return SummaryWriter(storage.output_dir(storage.under(workdir, "tensorboard"), synced=True),
                          filename_suffix=suffix)
 

@@ -8,6 +8,7 @@ predict, export) all start from a `RunSetup`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import TYPE_CHECKING, Callable
 
@@ -302,7 +303,6 @@ def training_examples(plan: RunPlan, task, splits: dict):
 def read_subset(path: str, task_name: str) -> list[str]:
     """The ids of a subset file: JSON lines with "id" (nli_jax.analysis cartography's subsets,
     whose "task" must be this one) or one id per line."""
-    import json
     if not storage.isfile(path):
         raise FileNotFoundError(f"--config.data.train_subset={path!r}: no such file")
     ids = []
