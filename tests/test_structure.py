@@ -1,9 +1,12 @@
 """The package's shape, checked from source so that CI fails when it erodes: no import cycles
 (imports inside functions included), the config read by the planner only, nli_jax/train's
-modules each saying what they own, and no function there longer than a screen."""
+modules each saying what they own, no function there longer than a screen, and no import inside a
+function without a comment saying why."""
 import ast
+import io
 import pathlib
 import re
+import tokenize
 
 import pytest
 
@@ -118,6 +121,42 @@ def test_the_cycle_check_finds_cycles_through_function_level_and_package_imports
     found = cycles(import_graph(modules(tmp_path, ("pkg",))))
     assert ["pkg.tasks", "pkg.tasks.base"] in found
     assert ["pkg.data.reader", "pkg.train", "pkg.train.loop"] in found
+
+
+def _comment_lines(source: str) -> set[int]:
+    """Lines that carry a comment (other than a bare `# noqa`)."""
+    return {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type == tokenize.COMMENT and not token.string.lstrip("# ").startswith("noqa")}
+
+
+def late_imports_without_reason(root: pathlib.Path = REPO / "nli_jax") -> list[str]:
+    """'path:line' of each import inside a function with no comment on its lines or the line above."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        commented = _comment_lines(source)
+        late = {node for function in _functions(ast.parse(source)) for node in ast.walk(function)
+                if isinstance(node, (ast.Import, ast.ImportFrom))}
+        out += [f"{path.relative_to(root.parent)}:{node.lineno}" for node in sorted(late, key=lambda n: n.lineno)
+                if not commented & set(range(node.lineno - 1, node.end_lineno + 1))]
+    return out
+
+
+def test_imports_inside_functions_say_why():
+    """Imports are at the module top; one kept inside a function (an optional or heavy dependency
+    a light command must not pay for, an environment variable to set first, a cycle) says why in a
+    comment on its line or the line above, so that each is deliberate."""
+    missing = late_imports_without_reason()
+    assert not missing, f"imports inside functions without a comment saying why (move them to the top?): {missing}"
+
+
+def test_the_late_import_check_finds_an_uncommented_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text(
+        "import os\n\n\ndef a():\n    import json  # late: why\n\n\ndef b():\n    # late: why\n"
+        "    from json import (dumps,\n                      loads)\n\n\ndef c():\n    import re  # noqa\n"
+        "    from json import (dumps,\n                      loads)\n")
+    assert late_imports_without_reason(tmp_path / "pkg") == ["pkg/m.py:15", "pkg/m.py:16"]
 
 
 def test_only_the_planner_reads_the_config():
