@@ -38,8 +38,8 @@ class CommandLineError(RunError, app.UsageError):
 
 def user_errors() -> tuple[type, ...]:
     """Exceptions that are input problems with a complete message (printed as one line)."""
-    from nli_jax.checkpoints.hf import CheckpointError  # late: JAX; `import nli_jax` stays light
-    from nli_jax.data.readers import DataError  # late: JAX; `import nli_jax` stays light
+    from nli_jax.checkpoints.hf import CheckpointError  # late: numpy & co.; `import nli_jax` stays light
+    from nli_jax.data.readers import DataError  # late: numpy & co.; `import nli_jax` stays light
     return DataError, ConfigError, CheckpointError, RunError, FileNotFoundError
 
 
@@ -271,6 +271,7 @@ def apply_overrides(config, assignments) -> None:
     """'a.b.c=value' assignments (a Python literal, else a string) into a ConfigDict, through
     ml_collections' update_from_flattened_dict; a key that names no field is refused with the
     closest ones (update_from_flattened_dict would add it)."""
+    from nli_jax.planner import close_keys, config_keys, has_key  # late: JAX; `import nli_jax` stays light
     updates = {}
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
@@ -310,6 +311,7 @@ def checkpoint_config(config, checkpoint: str, overrides=()):
 def parse_files(assignments, flag: str = "--file") -> dict[str, str]:
     """['name=path', ...] (or bare paths: named by their file stem) -> {name: path}. A name is a
     split name, which becomes part of file names (reliability_<name>.png): one path component."""
+    from nli_jax import storage  # late: fsspec (~25 ms) is not for `import nli_jax`
     out = {}
     for item in assignments:
         name, sep, path = item.partition("=")
