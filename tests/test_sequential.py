@@ -4,6 +4,7 @@ starts from its best parameters; the classification head is the source's when th
 results.json record it; bad sources are refused in one line naming the path before any data is
 read; the contamination check also compares the evaluation splits with the source runs' training
 data (a model trained on SmSA is never scored on NusaX-Indonesian)."""
+import functools
 import json
 import shutil
 
@@ -142,3 +143,34 @@ def test_a_model_trained_on_smsa_is_never_scored_on_nusax_indonesian(shared_data
     with pytest.raises(OverlapError, match=r"indonesian/valid.csv overlaps the training examples \(split 'train' of "
                                            r"smsa .*, trained on by the run .*smsa this one starts from\): 74 of 100"):
         train_and_evaluate(nusax(shared_data, "indonesian", init=tmp_path / "smsa"), str(tmp_path / "nusax_id"))
+
+
+def test_the_chain_runs_its_links_in_order_and_a_rerun_resumes_without_rerunning_finished_links(shared_data, tmp_path):
+    from finetune import chain
+    sources = {"nusax": str(shared_data / "nusax" / "sentiment")}
+    run = functools.partial(chain.run, ["javanese", "madurese"], "base", str(tmp_path / "chain"), sources,
+                            ["train.max_steps=2"], cpu_test=True, direct=True)
+    text, failures = run()
+    assert not failures and "| javanese -> madurese |" in text and "| madurese directly |" in text
+    first, second = tmp_path / "chain" / "1_javanese", tmp_path / "chain" / "2_madurese"
+    recorded = json.loads((second / "run.json").read_text())["init_from"]
+    assert recorded["workdir"] == str(first) and recorded["head"] == "kept"
+    assert "init_from" not in json.loads((tmp_path / "chain" / "direct_madurese" / "results.json").read_text())
+    finished = {p: p.stat().st_mtime_ns for p in (first / "results.json", first / "train.log")}
+    (second / "results.json").unlink()  # the second link stopped after its last checkpoint
+    (second / "run.json").write_text(json.dumps({"state": "interrupted", "step": 2, "total_steps": 2}))
+    text_again, failures = run()
+    assert not failures and text_again == text
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished  # the first link was not run again
+    log = (second / "train.log").read_text()
+    assert "resumed from" in log and "at step 2" in log.split("resumed from")[1]
+
+
+def test_the_chain_refuses_an_unknown_link_or_a_single_link_before_any_run(tmp_path):
+    from absl import app
+    from finetune import chain
+    with pytest.raises(app.UsageError, match=r"--links: unknown link 'klingon'; a link is a NusaX language"):
+        chain.chain_of(["indonesian", "klingon"], "base", {})
+    with pytest.raises(app.UsageError, match=r"--links=javanese: a chain needs at least two links"):
+        chain.chain_of(["javanese"], "base", {})
+    assert not list(tmp_path.iterdir())
