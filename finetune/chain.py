@@ -32,17 +32,23 @@ from finetune.sweep import run_cell, with_lr_and_seed
 from nli_jax import cli, storage, tables
 from nli_jax.tasks.nusax import LANGUAGES
 
-flags.DEFINE_list("links", None, "the chain, in order: NusaX languages, IndoNLU tasks or indonli")
-flags.DEFINE_string("model", "base", "the first link's model: a name of configs/indonlu.py's MODELS, or a "
-                                     "checkpoint directory or hub id")
-flags.DEFINE_string("workdir", None, "output directory (one sub-directory per link)")
-flags.DEFINE_multi_string("source", [], "data of a family of links: nusax=DIR, indonlu=DIR, indonli=DIR "
-                                        "(empty: download)")
-flags.DEFINE_bool("direct", False, "also fine-tune the last link from --model alone, and compare in table.md")
-flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (the configs' cpu_test variants)")
-flags.DEFINE_multi_string("override", [], "config overrides key=value for every link, e.g. train.num_epochs=3")
-flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one chain per seed, mean (sd) in the table")
-flags.mark_flags_as_required(["links", "workdir"])
+
+def define_flags():
+    """The command line (defined when run as a command, so that the module imports beside the
+    other commands' modules, whose flags have the same names)."""
+    flags.DEFINE_list("links", None, "the chain, in order: NusaX languages, IndoNLU tasks or indonli")
+    flags.DEFINE_string("model", "base", "the first link's model: a name of configs/indonlu.py's MODELS, or a "
+                                         "checkpoint directory or hub id")
+    flags.DEFINE_string("workdir", None, "output directory (one sub-directory per link)")
+    flags.DEFINE_multi_string("source", [], "data of a family of links: nusax=DIR, indonlu=DIR, indonli=DIR "
+                                            "(empty: download)")
+    flags.DEFINE_bool("direct", False, "also fine-tune the last link from --model alone, and compare in table.md")
+    flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (the configs' cpu_test variants)")
+    flags.DEFINE_multi_string("override", [], "config overrides key=value for every link, e.g. train.num_epochs=3")
+    flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one chain per seed, mean (sd) in the table")
+    flags.mark_flags_as_required(["links", "workdir"])
+
+
 FLAGS = flags.FLAGS
 
 FAMILIES = ("nusax", "indonlu", "indonli")
@@ -177,4 +183,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run_tool(main)

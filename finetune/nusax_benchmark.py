@@ -39,16 +39,22 @@ from nli_jax import storage, tables
 from nli_jax.tasks.nusax import LANGUAGES
 from nli_jax import cli
 
-flags.DEFINE_string("model", "base", "a name of configs/indonlu.py's MODELS, or a checkpoint directory or hub id")
-flags.DEFINE_string("workdir", None, "output directory")
-flags.DEFINE_string("source", "", "NusaX sentiment folder (one folder per language); empty = download")
-flags.DEFINE_list("languages", ["all"], f"languages to run ('all': {', '.join(LANGUAGES)})")
-flags.DEFINE_bool("transfer", False, "score every language in each run: the source x target matrix")
-flags.DEFINE_bool("multi_source", False, "each language is a target: trained on the other 11, scored on it")
-flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (configs/nusax.py's cpu_test variant)")
-flags.DEFINE_multi_string("override", [], "config overrides key=value, e.g. train.num_epochs=3")
-flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, mean (sd) in the table")
-flags.mark_flags_as_required(["workdir"])
+
+def define_flags():
+    """The command line (defined when run as a command, so that the module imports beside the
+    other commands' modules, whose flags have the same names)."""
+    flags.DEFINE_string("model", "base", "a name of configs/indonlu.py's MODELS, or a checkpoint directory or hub id")
+    flags.DEFINE_string("workdir", None, "output directory")
+    flags.DEFINE_string("source", "", "NusaX sentiment folder (one folder per language); empty = download")
+    flags.DEFINE_list("languages", ["all"], f"languages to run ('all': {', '.join(LANGUAGES)})")
+    flags.DEFINE_bool("transfer", False, "score every language in each run: the source x target matrix")
+    flags.DEFINE_bool("multi_source", False, "each language is a target: trained on the other 11, scored on it")
+    flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (configs/nusax.py's cpu_test variant)")
+    flags.DEFINE_multi_string("override", [], "config overrides key=value, e.g. train.num_epochs=3")
+    flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, mean (sd) in the table")
+    flags.mark_flags_as_required(["workdir"])
+
+
 FLAGS = flags.FLAGS
 
 SPLITS = ("validation", "test")
@@ -260,4 +266,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run_tool(main)
