@@ -16,6 +16,11 @@ also score every language's validation (and test) split, and <workdir>/transfer.
 and transfer.png (a heatmap) give the source x target macro-F1 matrix (mean over seeds; the
 diagonal is in-language). table.md then holds the sources' in-language scores.
 
+--multi_source: each language of --languages is a target; its runs (configs/nusax.py:target=T)
+train on the other 11 languages joined, in <workdir>/multi_source/<target>/seed_<s>, and
+<workdir>/multi_source.md / .csv give each target's macro-F1 on its own validation (and test)
+split.
+
 Rerunning skips finished runs (results.json present, same config) and resumes unfinished ones;
 every config (with the overrides) is built before any training, so a bad --override fails at
 once; a run that fails is reported under the table and in the exit status, and the others still
@@ -34,15 +39,22 @@ from nli_jax import storage, tables
 from nli_jax.tasks.nusax import LANGUAGES
 from nli_jax import cli
 
-flags.DEFINE_string("model", "base", "a name of configs/indonlu.py's MODELS, or a checkpoint directory or hub id")
-flags.DEFINE_string("workdir", None, "output directory")
-flags.DEFINE_string("source", "", "NusaX sentiment folder (one folder per language); empty = download")
-flags.DEFINE_list("languages", ["all"], f"languages to run ('all': {', '.join(LANGUAGES)})")
-flags.DEFINE_bool("transfer", False, "score every language in each run: the source x target matrix")
-flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (configs/nusax.py's cpu_test variant)")
-flags.DEFINE_multi_string("override", [], "config overrides key=value, e.g. train.num_epochs=3")
-flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, mean (sd) in the table")
-flags.mark_flags_as_required(["workdir"])
+
+def define_flags():
+    """The command line (defined when run as a command, so that the module imports beside the
+    other commands' modules, whose flags have the same names)."""
+    flags.DEFINE_string("model", "base", "a name of configs/indonlu.py's MODELS, or a checkpoint directory or hub id")
+    flags.DEFINE_string("workdir", None, "output directory")
+    flags.DEFINE_string("source", "", "NusaX sentiment folder (one folder per language); empty = download")
+    flags.DEFINE_list("languages", ["all"], f"languages to run ('all': {', '.join(LANGUAGES)})")
+    flags.DEFINE_bool("transfer", False, "score every language in each run: the source x target matrix")
+    flags.DEFINE_bool("multi_source", False, "each language is a target: trained on the other 11, scored on it")
+    flags.DEFINE_bool("cpu_test", False, "tiny from-scratch model (configs/nusax.py's cpu_test variant)")
+    flags.DEFINE_multi_string("override", [], "config overrides key=value, e.g. train.num_epochs=3")
+    flags.DEFINE_list("seeds", [], "random restarts, e.g. 1,2,3: one run per seed, mean (sd) in the table")
+    flags.mark_flags_as_required(["workdir"])
+
+
 FLAGS = flags.FLAGS
 
 SPLITS = ("validation", "test")
@@ -56,11 +68,14 @@ def languages_of(names) -> list[str]:
     return names
 
 
-def language_configs(model: str, source: str, languages, overrides=(), cpu_test=False, transfer=False) -> dict:
-    """Every language's config, built before any training so that a bad override fails at once."""
+def language_configs(model: str, source: str, languages, overrides=(), cpu_test=False, transfer=False,
+                     multi_source=False) -> dict:
+    """Every language's config, built before any training so that a bad override fails at once
+    (`multi_source`: the language is the target, trained on the other 11)."""
     configs = {}
     for language in languages:
-        variant = f"lang={language},model={model}" + (",transfer" if transfer else "") + (",cpu_test" if cpu_test else "")
+        variant = (f"target={language}" if multi_source else f"lang={language}") + f",model={model}" \
+            + (",transfer" if transfer else "") + (",cpu_test" if cpu_test else "")
         config = nusax_config.get_config(variant)
         config.data.source = source
         cli.apply_overrides(config, overrides)
@@ -182,14 +197,34 @@ def write_tables(workdir: str, runs: dict[str, dict], model: str, seconds: dict[
                                        "each language)", notes=notes)
 
 
+def as_target_scores(runs: dict[str, dict]) -> dict[str, dict]:
+    """Multi-source runs (runs[target][seed]) with each target's own splits (validation_<target>,
+    test_<target>) as validation / test, for `table`."""
+    return {target: {seed: dict(r, splits={split: r["splits"][f"{split}_{target}"] for split in SPLITS
+                                           if f"{split}_{target}" in r["splits"]})
+                     for seed, r in per_seed.items()} for target, per_seed in runs.items()}
+
+
+def write_multi_source(workdir: str, runs: dict[str, dict], model: str, seeds=()) -> str:
+    """multi_source.md / .csv: each target's macro-F1 x 100 when trained on the other 11 languages."""
+    header, rows = table(as_target_scores(runs))
+    tables.write_csv(storage.under(workdir, "multi_source.csv"), header, rows)
+    spread = f", mean (sd) over seeds {', '.join(map(str, seeds))}" if seeds else ""
+    return tables.write_markdown(storage.under(workdir, "multi_source.md"), header, rows,
+                                 title=f"NusaX-Senti multi-source, model {model} (macro-F1 x 100{spread}; each column's "
+                                       "language trained on the other 11 and scored on its own splits)")
+
+
 def run_benchmark(model: str, workdir: str, source: str, languages, overrides=(), cpu_test=False, seeds=(),
-                  transfer=False) -> tuple[str, list[str]]:
+                  transfer=False, multi_source=False) -> tuple[str, list[str]]:
     """Runs (or reads, when finished) every language x seed; returns table.md's text (and
-    transfer.md's with `transfer`) and the failures."""
+    transfer.md's with `transfer`; multi_source.md's alone with `multi_source`) and the failures."""
     from nli_jax.workdir import check_tool_output
+    if transfer and multi_source:
+        raise app.UsageError("--transfer and --multi_source: choose one (a multi-source run scores only its target)")
     check_tool_output(workdir, "--workdir", directory=True)
-    configs = language_configs(model, source, languages, overrides, cpu_test, transfer)
-    base = os.path.join(workdir, "transfer") if transfer else workdir
+    configs = language_configs(model, source, languages, overrides, cpu_test, transfer, multi_source)
+    base = os.path.join(workdir, "transfer" if transfer else "multi_source") if transfer or multi_source else workdir
     model = described_model(model, configs)
     runs, seconds, failures = {}, {}, []
     for language, config in configs.items():
@@ -204,9 +239,14 @@ def run_benchmark(model: str, workdir: str, source: str, languages, overrides=()
                 runs[language][seed] = outcome["results"]
             else:
                 failures.append(f"{language}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
+        if multi_source:
+            write_multi_source(workdir, runs, model, seeds)
+            continue
         write_tables(workdir, runs, model, seconds, failures, seeds)  # readable while the benchmark runs
         if transfer:
             write_transfer(workdir, runs, model, seeds)
+    if multi_source:
+        return write_multi_source(workdir, runs, model, seeds) + "".join(f"\nfailed: {f}" for f in failures), failures
     text = write_tables(workdir, runs, model, seconds, failures, seeds)
     if transfer:
         text += "\n" + (write_transfer(workdir, runs, model, seeds) or "no transfer run finished\n")
@@ -220,10 +260,11 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     seeds = [int(s) for s in FLAGS.seeds]
     text, failures = run_benchmark(FLAGS.model, FLAGS.workdir, FLAGS.source, languages_of(FLAGS.languages),
-                                   FLAGS.override, FLAGS.cpu_test, seeds, FLAGS.transfer)
+                                   FLAGS.override, FLAGS.cpu_test, seeds, FLAGS.transfer, FLAGS.multi_source)
     print(text)
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run_tool(main)

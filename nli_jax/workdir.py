@@ -438,7 +438,8 @@ def read_state(workdir: str) -> dict:
     return state
 
 
-def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkpoint") -> dict:
+def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkpoint",
+                     remedy: str = "or pass --allow_unfinished to use the parameters it has") -> dict:
     """A tool reads a finished run's parameters unless told otherwise (--allow_unfinished)."""
     state = read_state(workdir)
     if state["state"] == "finished" or allow_unfinished:
@@ -448,5 +449,4 @@ def require_finished(workdir: str, allow_unfinished: bool, flag: str = "--checkp
              "failed": f"failed at {state.get('reason')} (its last checkpoint: step {state.get('last_checkpoint')})",
              }.get(state["state"], "has not finished (no run.json or results.json)")
     best = f"; its best parameters so far are from step {state.get('best_step')}" if state.get("best_step") else ""
-    raise RunError(f"{flag}={workdir}: the run {where}{best}. Rerun its command to finish it, or pass "
-                   "--allow_unfinished to use the parameters it has")
+    raise RunError(f"{flag}={workdir}: the run {where}{best}. Rerun its command to finish it, {remedy}")

@@ -180,3 +180,21 @@ def test_the_benchmark_writes_the_language_table_and_the_transfer_matrix_and_res
     assert (tmp_path / "bench" / "transfer.png").read_bytes()[:4] == b"\x89PNG"
     again = _benchmark(tmp_path / "bench", vocab, f"--source={source}", "--transfer")  # finished runs are read back
     assert again.returncode == 0 and "total: 0 s" in again.stdout, again.stderr[-2000:]
+
+
+def test_the_benchmark_multi_source_mode_trains_on_the_other_11_and_scores_the_target(shared_data, tmp_path):
+    from finetune import nusax_benchmark
+    text, failures = nusax_benchmark.run_benchmark("base", str(tmp_path / "bench"), str(shared_data / "nusax" / "sentiment"),
+                                                   ["madurese"], ["train.max_steps=2"], cpu_test=True, seeds=[1],
+                                                   multi_source=True)
+    assert not failures
+    run = json.loads((tmp_path / "bench" / "multi_source" / "madurese" / "seed_1" / "results.json").read_text())
+    assert run["train_languages"] == [l for l in nusax.LANGUAGES if l != "madurese"] and run["eval_languages"] == ["madurese"]
+    assert run["splits"]["validation"]["count"] == 1100 and run["splits"]["validation_madurese"]["count"] == 100
+    table = list(csv.reader(open(tmp_path / "bench" / "multi_source.csv", encoding="utf-8")))
+    assert table[0] == ["split", "madurese", "average"]
+    assert float(table[1][1]) == pytest.approx(100 * run["splits"]["validation_madurese"]["f1"], abs=0.006)
+    assert "multi-source" in text and not (tmp_path / "bench" / "table.md").exists()
+    joined_and_own = {"splits": {"validation": {"f1": 0.1}, "validation_madurese": {"f1": 0.7}}}
+    assert nusax_benchmark.as_target_scores({"madurese": {1: joined_and_own}})["madurese"][1]["splits"] == {
+        "validation": {"f1": 0.7}}  # the target's own split, not the 11 languages' joined validation

@@ -309,15 +309,24 @@ def test_another_runs_checkpoints_are_refused_in_one_line(trained_run, tmp_path,
         tools.evaluate_checkpoint(other, str(tmp_path / "eval"), str(workdir))
 
 
-def test_model_init_of_a_run_directory_names_it(trained_run):
-    """--config.model.init=<a run's workdir>: an error naming no directory."""
-    from nli_jax.errors import ConfigValueError
+def test_model_init_of_a_run_directory_starts_from_its_verified_best(trained_run, tmp_path):
+    """--config.model.init=<a run's workdir> (sequential fine-tuning, tests/test_sequential.py) reads
+    its best/ as the tools do, verified; flipped bytes there are refused naming the path.
+    --config.model.tokenizer=<a run's workdir> names the run's export instead."""
+    from nli_jax.errors import ConfigValueError, RunError
     from nli_jax.train.setup import model_inputs
     from nli_jax.planner import build_plan
     run, tfds_dir = trained_run
-    with pytest.raises(ConfigValueError, match=rf"--config.model.init='{run}': {run} is a training run's directory .*"
-                                               rf"python -m finetune.export --checkpoint={run} --output=DIR"):
-        model_inputs(build_plan(short_config(tfds_dir, f"model.init={run}"), training=False))
+    assert model_inputs(build_plan(short_config(tfds_dir, f"model.init={run}"), training=False)).run_init.workdir == str(run)
+    damaged = copy_of(run, tmp_path / "run")
+    step = next(p.name for p in (damaged / "best").iterdir() if p.name.isdigit())
+    flip_three_bytes(damaged / "best" / step)
+    with pytest.raises(RunError, match=rf"^--config.model.init={damaged}: the best parameters in {damaged}/best/{step} "
+                                       r"are unreadable \(ValueError: its arrays differ from those written"):
+        model_inputs(build_plan(short_config(tfds_dir, f"model.init={damaged}"), training=False))
+    with pytest.raises(ConfigValueError, match=rf"--config.model.tokenizer='{run}': {run} is a training run's "
+                                               rf"directory .*python -m finetune.export --checkpoint={run} --output=DIR"):
+        model_inputs(build_plan(short_config(tfds_dir, f"model.tokenizer={run}"), training=False))
 
 
 OLD_COMMIT = "5272312"  # the last commit whose checkpoints carry neither run identity nor content digest

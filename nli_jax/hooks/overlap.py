@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from nli_jax import storage
 from nli_jax.data import overlap
 from nli_jax.errors import RunError
 from nli_jax.hooks import HOOKS, HookOptions, RunHook
 from nli_jax.options import option
+from nli_jax.planner import build_plan, saved_config
+from nli_jax.tasks import create_task
+from nli_jax.train.run_init import is_run_directory
+from nli_jax.train.setup import training_examples
 from nli_jax.train.reporting import log
 
 MAX_SHARE = 0.15
@@ -31,6 +36,22 @@ def split_description(task, split: str) -> str:
     """A split's file(s) when the task can tell (Task.split_file), else its name and data.source."""
     path = task.split_file(split)
     return path if path else f"split {split!r} of {task.name} (data.source={task.data.source!r})"
+
+
+def earlier_training(path: str) -> list[tuple[str, str, list[dict]]]:
+    """(workdir, its training files, its training examples) of the run in `path` (a sequential
+    run's model.init) and of every run that one started from in turn: what the encoder has seen
+    besides the run's own training split."""
+    out, seen = [], set()
+    while is_run_directory(path) and storage.resolve(path) not in seen:
+        workdir = storage.resolve(path)
+        seen.add(workdir)
+        plan = build_plan(saved_config(workdir), training=False)
+        task = create_task(plan)
+        out.append((workdir, split_description(task, task.train_split),
+                    _examples(training_examples(plan, task, task.load(workdir)))))
+        path = plan.model.init
+    return out
 
 
 def _examples(source) -> list[dict]:
@@ -47,8 +68,10 @@ class OverlapOptions(HookOptions):
 
 @HOOKS.register("overlap", options=OverlapOptions)
 class OverlapHook(RunHook):
-    def __init__(self, found: dict[str, overlap.Overlap], idx: dict[str, set], allowed: bool):
+    def __init__(self, found: dict[str, overlap.Overlap], idx: dict[str, set], allowed: bool,
+                 earlier: dict[str, dict[str, overlap.Overlap]] | None = None):
         self.found, self.idx, self.allowed = found, idx, allowed
+        self.earlier = earlier or {}  # split -> {an earlier run's workdir: its overlap} (sequential runs)
 
     @classmethod
     def for_training(cls, run, train_source, options):
@@ -60,27 +83,39 @@ class OverlapHook(RunHook):
         if not evaluated:
             return None
         index = overlap.TrainingIndex(_examples(train_source))
-        found, idx = {}, {}
+        # A sequential run's encoder was also trained on the runs it started from (model.init).
+        earlier_runs = ([(workdir, files, overlap.TrainingIndex(examples)) for workdir, files, examples
+                         in earlier_training(run.plan.model.init)] if run.init_from else [])
+        found, idx, earlier, sides = {}, {}, {}, {}
         for split in evaluated:
             examples = _examples(run.splits[split])
             found[split] = result = overlap.compare(index, examples)
+            sides[(split, split_description(task, task.train_split))] = result
             idx[split] = {int(examples[p]["idx"]) for p in result.positions}
             log.info("overlap %s with %s: %s", split, task.train_split, result.describe())
+            for workdir, files, earlier_index in earlier_runs:
+                earlier.setdefault(split, {})[workdir] = theirs = overlap.compare(earlier_index, examples)
+                sides[(split, f"{files}, trained on by the run {workdir} this one starts from")] = theirs
+                idx[split] |= {int(examples[p]["idx"]) for p in theirs.positions}
+                log.info("overlap %s with the training split of %s: %s", split, workdir, theirs.describe())
         allowed = run.plan.data.allow_overlap
-        refused = {s: r for s, r in found.items() if r.share > MAX_SHARE}
+        refused = {side: r for side, r in sides.items() if r.share > MAX_SHARE}
         if refused and not allowed:
-            split, result = max(refused.items(), key=lambda item: item[1].share)
+            (split, training), result = max(refused.items(), key=lambda item: item[1].share)
+            others = sorted({s for s, _ in refused} - {split})
             raise OverlapError(
                 f"{split_description(task, split)} overlaps the training examples "
-                f"({split_description(task, task.train_split)}): {result.describe()}, above the "
+                f"({training}): {result.describe()}, above the "
                 f"{100 * MAX_SHARE:.0f}% a run accepts (its scores would be scores on training data"
-                + (f"; also {', '.join(s for s in refused if s != split)}" if len(refused) > 1 else "")
+                + (f"; also {', '.join(others)}" if others else "")
                 + "); pass --config.data.allow_overlap=True to run anyway, the overlapping examples then also scored "
                   "apart")
-        return cls(found, idx, allowed)
+        return cls(found, idx, allowed, earlier)
 
     def final_results(self, run, params, results, evaluations):
-        results["overlap"] = {split: dict(result.as_dict(), train_split=run.task.train_split)
+        results["overlap"] = {split: dict(result.as_dict(), train_split=run.task.train_split,
+                                          **({"earlier_runs": {w: r.as_dict() for w, r in self.earlier[split].items()}}
+                                             if split in self.earlier else {}))
                               for split, result in self.found.items()}
         if not self.allowed:
             return

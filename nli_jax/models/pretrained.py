@@ -142,10 +142,13 @@ def _canonical(config: EncoderConfig, weights: dict) -> dict:
 
 
 def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: str | bool | None = None,
-                    scan_layers: bool | None = None, seed: int = 0, strict: bool = True, config_overrides: dict | None = None, **head_kwargs):
+                    scan_layers: bool | None = None, seed: int = 0, strict: bool = True, config_overrides: dict | None = None,
+                    heads: bool = True, **head_kwargs):
     """Builds `cls` from a Hugging Face model directory (or hub id).
 
-    Heads the checkpoint lacks (a new classifier, say) are freshly initialised and logged.
+    Heads the checkpoint lacks (a new classifier, say) are freshly initialised and logged;
+    `heads=False` initialises every weight outside the base model afresh, whatever the checkpoint
+    holds (sequential fine-tuning onto other labels: nli_jax.train.run_init).
     Raises CheckpointError naming every missing encoder weight, shape mismatch and (when
     `strict`) every checkpoint weight that maps to nothing.
     """
@@ -169,6 +172,9 @@ def from_pretrained(cls, path: str, *, dtype: str | None = None, remat: str | bo
         if key not in head_kwargs and key in saved_heads:
             head_kwargs[key] = saved_heads[key]
     weights = _canonical(config, hf.read_weights(directory))
+    if not heads:
+        prefix = families.get(config.model_type).base_model_prefix + "."
+        weights = {k: v for k, v in weights.items() if k.startswith(prefix)}
     model = _model_to_load(cls, config, seed, head_kwargs, weights)
     load_weights(model, weights, source=directory, strict=strict)
     return model

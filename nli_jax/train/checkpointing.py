@@ -136,8 +136,9 @@ class Checkpointer:
         self._unverified_logged = False
 
     @staticmethod
-    def read_best_info(workdir: str) -> dict | None:
-        """The JSON saved with a run's best parameters (step, metric, label names), or None."""
+    def read_best_info(workdir: str, signed: bool = False) -> dict | None:
+        """The JSON saved with a run's best parameters (step, metric, label names), or None;
+        `signed`: with the run identity and content digest they were written with."""
         best = ocp.CheckpointManager(os.path.join(storage.resolve(workdir), "best"),
                                      options=ocp.CheckpointManagerOptions(create=False), item_names=("params", "info"))
         try:
@@ -152,7 +153,7 @@ class Checkpointer:
                 raise CheckpointUnreadableError(f"{os.path.join(str(best.directory), str(step), 'info')} is "
                                                 f"unreadable ({_short(e)})") from e
             check_identity(os.path.join(str(best.directory), str(step)), info, run_identity(workdir))
-            return _unsigned(info)
+            return info if signed else _unsigned(info)
         finally:
             best.close()
 

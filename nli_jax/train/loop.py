@@ -130,6 +130,8 @@ def _train_and_report(plan: RunPlan, workdir: str, run, hooks, steps, train_sour
     results, records = final_evaluation(run, params, [s for s in plan.eval_splits if s in run.splits],
                                         hooks=hooks, reused=reused, fields=fields)
     results["compilation"] = compilation.since(compiled_before)
+    if run.init_from:
+        results["init_from"] = run.init_from
     log.info("compilation: %(programs)d programs in %(seconds).1f s (%(cache_hits)d read from the persistent cache %(cache_dir)s)",
              results["compilation"])
     workdir_lib.check_still_there(workdir, "results.json, predictions.jsonl and the exports were")
@@ -141,7 +143,7 @@ def _train_and_report(plan: RunPlan, workdir: str, run, hooks, steps, train_sour
     write_json(storage.under(workdir, "results.json"), results)
     write_jsonl(storage.under(workdir, "predictions.jsonl"), records)
     workdir_lib.write_state(workdir, "finished", step=record.steps, total_steps=record.total_steps,
-                            best_step=record.best_step)
+                            best_step=record.best_step, **({"init_from": run.init_from} if run.init_from else {}))
     return results
 
 
@@ -156,7 +158,10 @@ def checked_setup(plan: RunPlan, workdir: str):
                        "is unknown. Use a new --workdir, or delete the old one to start over.")
     checked = model_inputs(plan)
     files = checked.task.input_files(workdir) + ([plan.data.train_subset] if plan.data.train_subset else [])
-    known = inputs_lib.fingerprint(files=files, tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir)
+    known = inputs_lib.fingerprint(files=files, tokenizer_dir=checked.tokenizer_dir,
+                                   model_dir=None if checked.run_init else checked.model_dir)
+    if checked.run_init:  # a source run's best parameters, by their digests (their export is this process's)
+        known["model.init"] = checked.run_init.fingerprint()
     inputs_lib.check_inputs(workdir, known, trained=trained)  # before any data is (re)built in the workdir
     with recording_reads() as data_files:
         run = prepare(plan, workdir, checked=checked, training=True)
@@ -212,7 +217,7 @@ def train(run: RunSetup, hooks: tuple, steps: StepPlan, train_source):
     train_step.compile_ahead(state, one_batch_per_shape(run, batches, step, steps.total_steps))
     for hook in hooks:
         hook.start(step)
-    run_state = {"total_steps": steps.total_steps}
+    run_state = {"total_steps": steps.total_steps, **({"init_from": run.init_from} if run.init_from else {})}
     workdir_lib.write_state(run.workdir, "running", step=step, best_step=record.best_step, **run_state)
     reporter = Reporter(run.workdir, steps.total_steps, step, scalars=task.training_scalars,
                         flops_per_token=run.model.training_flops_per_token(plan.data.max_seq_length),

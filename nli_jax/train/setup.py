@@ -30,6 +30,7 @@ from nli_jax.train import compilation, evaluation
 from nli_jax import planner
 from nli_jax.train import inputs as inputs_lib
 from nli_jax.train import mesh as mesh_lib
+from nli_jax.train import run_init as run_init_lib
 from nli_jax.train import sharding as sharding_lib
 from nli_jax.train.reporting import log
 from nli_jax.train.steps import check_dropout_streams, make_eval_step
@@ -58,21 +59,22 @@ def preset_config(model: ModelPlan, vocab_size: int, **fields) -> EncoderConfig:
 
 
 def build_model(model: ModelPlan, task, tokenizer, seed: int, init: str | None = None,
-                growth: VocabularyGrowth | None = None):
+                growth: VocabularyGrowth | None = None, heads: bool = True):
     """The task's model: from `init` (or model.init) when set, else from the preset at random;
-    `growth`: the checkpoint's vocabulary grown for a tokenizer that extends its own."""
+    `growth`: the checkpoint's vocabulary grown for a tokenizer that extends its own; `heads=False`:
+    every weight outside the base model new (a source run's head for other labels)."""
     cls, head_kwargs = task.model_class_and_kwargs()
     init = init or model.init
     if init:
         loaded = cls.from_pretrained(init, dtype=model.dtype, remat=model.remat, scan_layers=model.scan_layers,
-                                     seed=seed, config_overrides=model.overrides_dict, **head_kwargs)
+                                     seed=seed, config_overrides=model.overrides_dict, heads=heads, **head_kwargs)
         return grow_model(loaded, growth, seed) if growth else loaded
     encoder_config, _ = encoder_config_for(model, tokenizer)
     return cls(encoder_config, rngs=make_rngs(seed), **head_kwargs)
 
 
 def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = None,
-                       growth: VocabularyGrowth | None = None):
+                       growth: VocabularyGrowth | None = None, heads: bool = True):
     """(model, its parameters as global arrays in their shardings, those shardings). From scratch
     on a mesh that shards parameters (fsdp or tensor), they are created on the devices in their
     shardings (no host holds them whole). A checkpoint (model.init) is read on the host and each
@@ -80,7 +82,7 @@ def build_placed_model(plan: RunPlan, task, tokenizer, mesh, init: str | None = 
     every device holds whole anyway."""
     rules = plan.mesh.rules
     if init or plan.model.init or not any(mesh.shape.get(a, 1) > 1 for a in ("fsdp", "tensor")):
-        model = build_model(plan.model, task, tokenizer, plan.seed, init=init, growth=growth)
+        model = build_model(plan.model, task, tokenizer, plan.seed, init=init, growth=growth, heads=heads)
         shardings = mesh_lib.param_shardings(model, mesh, rules)
         params = mesh_lib.put_global(nnx.to_pure_dict(nnx.state(model, nnx.Param)), shardings)
         return model, params, shardings
@@ -98,26 +100,37 @@ class ModelInputs:
     model_dir: str | None  # model.init's directory (None: built from a preset)
     # model.init's vocabulary grown for a tokenizer that extends it (continued pretraining), else None
     growth: VocabularyGrowth | None = None
+    # model.init naming a finished fine-tuning run (sequential fine-tuning), else None
+    run_init: run_init_lib.RunInit | None = None
 
 
 def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
     """Task, tokenizer and model shape, with data.max_seq_length and the vocabulary checked
     against them before any data is read or parameter loaded."""
     task = create_task(plan)
+    source_run = None
     for key, path in (("model.init", plan.model.init), ("model.tokenizer", plan.model.tokenizer)):
-        if path and not storage.is_remote(path) and workdir_lib.is_run(storage.resolve(path)):
-            raise ConfigValueError(
-                f"--config.{key}={path!r}: {storage.resolve(path)} is a training run's directory (its config.json is "
-                "nli-jax's, its parameters in best/), not a model directory: start from its export "
-                f"(python -m finetune.export --checkpoint={path} --output=DIR, then --config.{key}=DIR)")
-    tokenizer_path = plan.model.tokenizer or model_init or plan.model.init
+        if not run_init_lib.is_run_directory(path) or (key == "model.init" and model_init):
+            continue
+        if key == "model.init" and plan.pretrain is None:  # sequential fine-tuning: a finished run's best/
+            source_run = load_source_run(path)
+            continue
+        raise ConfigValueError(
+            f"--config.{key}={path!r}: {storage.resolve(path)} is a training run's directory (its config.json is "
+            "nli-jax's, its parameters in best/), not a model directory: start from its export "
+            f"(python -m finetune.export --checkpoint={path} --output=DIR, then --config.{key}=DIR)")
+    if source_run is not None:
+        model_init = source_run.directory
+    tokenizer_path = plan.model.tokenizer or (source_run.tokenizer_dir if source_run else None) or model_init \
+        or plan.model.init
     if not tokenizer_path:
         raise ConfigValueError("--config.model.tokenizer='': no tokenizer (and no model.init to take one from)")
     tokenizer_dir = resolve_directory(tokenizer_path)
     tokenizer = load_tokenizer(tokenizer_dir)
     encoder_config, model_dir = encoder_config_for(plan.model, tokenizer, model_init)
     growth = None
-    source = model_init or plan.model.init or f"preset {plan.model.preset}"
+    source = (f"the run {plan.model.init}" if source_run else model_init) or plan.model.init \
+        or f"preset {plan.model.preset}"
     # Both are local by now (resolve_directory downloads a gs:// directory once per process).
     if model_dir and storage.resolve(model_dir) != storage.resolve(tokenizer_dir):
         try:
@@ -129,7 +142,29 @@ def model_inputs(plan: RunPlan, model_init: str | None = None) -> ModelInputs:
     if growth:
         encoder_config = dataclasses.replace(encoder_config, vocab_size=growth.vocab_size)
     planner.check_model_fit(plan, task, tokenizer, tokenizer_path, encoder_config, source)
-    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir, growth)
+    return ModelInputs(task, tokenizer, tokenizer_dir, encoder_config, model_dir, growth, source_run)
+
+
+_SOURCE_RUNS: dict[str, run_init_lib.RunInit] = {}  # export directory -> the source run it holds
+
+
+def load_source_run(path: str) -> run_init_lib.RunInit:
+    """model.init naming a finished fine-tuning run: its best parameters (verified) exported once
+    per process as a Hugging Face directory, with its labels and tokenizer (nli_jax.train.run_init)."""
+    resolved, source_plan, info = run_init_lib.check_source(path)
+    directory = run_init_lib.export_directory(resolved, info)
+    if directory not in _SOURCE_RUNS:
+        checked = model_inputs(source_plan)  # the source's own model.init may be a run too
+        labels = list(info.get("labels") or ()) or None
+        task = checked.task.bind(checked.tokenizer, {}, labels)
+        # The source's structure (every parameter is then its best/'s, heads included).
+        model = build_model(source_plan.model, task, checked.tokenizer, source_plan.seed,
+                            init=checked.model_dir, growth=checked.growth, heads=False)
+        params = run_init_lib.restore_best(path, resolved, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+        nnx.update(model, nnx.State(jax.device_get(params)))
+        model.save_pretrained(storage.makedirs(directory), tokenizer=checked.tokenizer, label_names=labels)
+        _SOURCE_RUNS[directory] = run_init_lib.source(resolved, source_plan, info, directory, checked.tokenizer_dir)
+    return _SOURCE_RUNS[directory]
 
 
 def _vocabulary_growth(task, tokenizer, tokenizer_path: str, model_dir: str, vocab_size: int) -> VocabularyGrowth | None:
@@ -187,6 +222,8 @@ class RunSetup:
     # A training run's examples (prepare(training=True): training_examples; "train" in `splits` is
     # them too, so that evaluating "train" evaluates what was trained on); None for the tools.
     train_examples: object = None
+    # model.init naming a finished run: where the encoder came from, the head kept or new and why
+    init_from: dict | None = None
 
     @property
     def mesh(self):
@@ -243,8 +280,15 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
         if task.train_split == "train":  # a max_train_examples subset is what "train" evaluates
             splits = dict(splits, train=train_examples)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
-    model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=model_init,
-                                                        growth=checked.growth)
+    init_from, heads = None, True
+    if checked.run_init is not None:  # sequential fine-tuning: the source's head only for the same labels
+        heads, reason = checked.run_init.head_decision(task.model_class_and_kwargs()[0].__name__, getattr(task, "labels", None))
+        init_from = checked.run_init.record(heads, reason)
+        log.info("model.init: the best parameters (step %d) of the run %s; classification head %s: %s",
+                 checked.run_init.best_step, checked.run_init.workdir, init_from["head"], reason)
+    init = checked.model_dir if checked.run_init else model_init
+    model, params, param_shardings = build_placed_model(plan, task, tokenizer, mesh, init=init,
+                                                        growth=checked.growth, heads=heads)
     check_dropout_streams(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} entries but the model's vocab_size is {model.config.vocab_size}")
@@ -255,7 +299,8 @@ def prepare(plan: RunPlan, workdir: str, *, splits: dict | None = None, labels: 
                                      predict_step=evaluation.predict_step(steps))
     return RunSetup(plan=plan, workdir=workdir, task=task, splits=splits, tokenizer=tokenizer, model=model,
                     params=params, encode=encode, batching=batching, steps=steps, evaluator=evaluator,
-                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir, train_examples=train_examples)
+                    tokenizer_dir=checked.tokenizer_dir, model_dir=checked.model_dir, train_examples=train_examples,
+                    init_from=init_from)
 
 
 def jit_eval_step(steps: StepSetup):
