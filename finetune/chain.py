@@ -146,7 +146,7 @@ def write_table(workdir: str, links, chained: dict, direct: dict, failures=()) -
 
 def run(links, model, workdir, sources, overrides=(), cpu_test=False, seeds=(), direct=False) -> tuple[str, list]:
     from nli_jax.workdir import check_tool_output
-    check_tool_output(workdir, "--workdir")
+    check_tool_output(workdir, "--workdir", directory=True)
     chain = chain_of(links, model, sources, overrides, cpu_test)
     last_link, last_config = chain[-1]
     chained, alone, failures = {}, {}, []
