@@ -222,7 +222,8 @@ def test_crammed_vs_transformers(recipe_run, tmp_path):
 @pytest.mark.slow  # 6 steps of each side: ~40 s
 def test_crammed_vs_transformers_from_transformers_draw(recipe_run, tmp_path):
     """--init_from=transformers: nli-jax's model holds transformers' own draw of --seed (the first
-    losses agree, where two draws differ by ~0.02), and the two trainers then agree step by step."""
+    losses agree within 1e-4: nli-jax's own draw of seed 1 starts 0.0065 away), and the two trainers
+    then agree step by step."""
     work, data, _ = recipe_run
     _, result = run_benchmark("benchmarks.experiments.crammed_vs_transformers", f"--workdir={work}",
                               f"--data={data}", "--steps=6", "--window=3", "--seed=1", "--init_from=transformers",
