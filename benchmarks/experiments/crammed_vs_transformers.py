@@ -5,6 +5,8 @@ ModernBertForMaskedLM (issue 41, item 4).
     python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/recipe_search --steps=100 \
         --same_init --ramp_fraction=0.05     # both from nli-jax's initial parameters: the update rules alone
     python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/s --steps=20   # smoke run
+    python -m benchmarks.experiments.crammed_vs_transformers --workdir=/tmp/s --seed=3 \
+        --init_from=transformers --sides=nli-jax   # nli-jax's trainer from transformers' draw of seed 3
 
 Data: as benchmarks.experiments.pretrain_vs_transformers (id_corpus_sample, a 2,000-piece
 WordPiece vocabulary, 32-token examples, built once under --workdir).
@@ -17,7 +19,8 @@ k from 1 to 4 at 60% of the run), clipping at 0.5.
 
 transformers: `ModernBertForMaskedLM` of the same config.json (nli-jax's export of the shape:
 modernbert.to_hf) with its own initialisation (--same_init: nli-jax's initial parameters, exported
-and loaded by from_pretrained), trained by a PyTorch loop on the very same batches
+and loaded by from_pretrained; --init_from=transformers: both sides from transformers' own draw of
+--seed, loaded into nli-jax's model, to tell the draw's distribution from the trainer), trained by a PyTorch loop on the very same batches
 with the same optimizer: torch AdamW with decay on the Linear and embedding weights only, the same
 triangle, the same ramp (gradients summed over k steps, divided by k, clipped at 0.5, one step),
 loss = mean cross-entropy over the batch's masked positions (the logits computed there only,
@@ -96,9 +99,22 @@ def torch_loss(model, batch):
     return (losses * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: int = 0) -> dict:
-    """Both sides step by step on each of the run's batches: {"nli-jax": [loss], "transformers":
-    [loss], "lr": [...], "update": [bool], "seconds": {...}}."""
+def transformers_draw(run, params, model):
+    """`params` (the run's placed parameters) replaced by transformers' `model`'s initial tensors."""
+    import jax
+    from flax import nnx
+    from nli_jax.models.pretrained import load_weights
+    load_weights(run.model, {k: v.detach().float().numpy() for k, v in model.state_dict().items()},
+                 source="transformers' initialisation")
+    drawn = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
+    return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), drawn, params)
+
+
+def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: int = 0,
+                 init_from: str = "own", sides: str = "both") -> dict:
+    """Both sides (or `sides` alone) step by step on each of the run's batches: {"nli-jax": [loss],
+    "transformers": [loss], "lr": [...], "update": [bool], "seconds": {...}}. `init_from`:
+    "transformers" starts both from transformers' draw of `seed`."""
     import jax
     import torch
     from nli_jax.data import pipeline
@@ -109,11 +125,16 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
     total = steps.total_steps
     tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=total,
                                   steps_per_epoch=steps.steps_per_epoch, warmup_steps=steps.warmup_steps, unit_peak=True)
-    state, train_step = compiled_step.initial_state_and_step(run.steps, run.params, tx, schedule)
+    params = run.params
+    if init_from == "transformers":  # transformers' draw (torch.manual_seed(seed)) for both sides
+        model, optimizer = torch_side(run, plan, "", seed)
+        params = transformers_draw(run, params, model)
+    state, train_step = compiled_step.initial_state_and_step(run.steps, params, tx, schedule)
     if same_init_dir:  # nli-jax's initial parameters as a transformers directory, for both sides
         from nli_jax.tools import export
         export(run, state["params"], same_init_dir)
-    model, optimizer = torch_side(run, plan, same_init_dir, seed)
+    if init_from != "transformers":
+        model, optimizer = torch_side(run, plan, same_init_dir, seed)
     model.train()
     k = ramp_schedule(plan.batch_ramp, total)
     batches = iter(compiled_step.train_batches(run, train_source, total).iterator(0))
@@ -121,17 +142,25 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
     accumulated = 0
     for step in range(total):
         batch = next(batches)
-        start = time.perf_counter()
-        state, metrics = train_step(state, pipeline.to_global(batch, run.batch_sharding))
-        metrics = jax.device_get(metrics)
-        out["seconds"]["nli-jax"] += time.perf_counter() - start
-        out["nli-jax"].append(float(metrics["loss_sum"] / metrics["weight"]))
+        lr = float(schedule(step)) * plan.optimizer.lr
+        out["lr"].append(lr)
+        if sides == "transformers":
+            out["nli-jax"].append(float("nan"))
+        else:
+            start = time.perf_counter()
+            state, metrics = train_step(state, pipeline.to_global(batch, run.batch_sharding))
+            metrics = jax.device_get(metrics)
+            out["seconds"]["nli-jax"] += time.perf_counter() - start
+            out["nli-jax"].append(float(metrics["loss_sum"] / metrics["weight"]))
+        if sides == "nli-jax":
+            out["transformers"].append(float("nan"))
+            out["update"].append(False)
+            continue
         start = time.perf_counter()
         loss = torch_loss(model, batch)
         loss.backward()
         accumulated += 1
         due = accumulated >= int(k(np.int32(step))) or step + 1 == total
-        lr = float(schedule(step)) * plan.optimizer.lr
         if due:
             for p in model.parameters():
                 if p.grad is not None:
@@ -144,7 +173,6 @@ def side_by_side(plan, run, steps, train_source, same_init_dir: str = "", seed: 
             accumulated = 0
         out["seconds"]["transformers"] += time.perf_counter() - start
         out["transformers"].append(float(loss.detach()))
-        out["lr"].append(lr)
         out["update"].append(bool(due))
         if (step + 1) % 100 == 0 or step + 1 == total:
             print(f"  step {step + 1}: nli-jax {out['nli-jax'][-1]:.4f} transformers {out['transformers'][-1]:.4f} "
@@ -184,9 +212,17 @@ def main():
                         "train.seed + seed, torch's seed); the batches stay the same")
     parser.add_argument("--same_init", action="store_true",
                         help="transformers starts from nli-jax's initial parameters (isolates the update rule)")
+    parser.add_argument("--init_from", choices=("own", "transformers"), default="own",
+                        help="transformers: both sides start from transformers' draw of --seed (nli-jax's "
+                             "trainer from the other library's initialisation)")
+    parser.add_argument("--sides", choices=("both", "nli-jax", "transformers"), default="both",
+                        help="train one side only (the other's curve is NaN): with --init_from, a draw's "
+                             "effect at one trainer's cost")
     parser.add_argument("--ramp_fraction", type=float, default=0.0,
                         help="batch_ramp.fraction (default: the recipe's 0.6)")
     args = parser.parse_args()
+    if args.same_init and args.init_from != "own":
+        parser.error("--same_init (nli-jax's draw for both) and --init_from=transformers exclude each other")
     print(harness.line(), flush=True)
     harness.quiet_absl()
     prep = argparse.Namespace(workdir=args.workdir, data=args.data, vocab=2000, length=32)
@@ -195,15 +231,18 @@ def main():
     if args.ramp_fraction:
         config.batch_ramp.fraction = args.ramp_fraction
     config.train.seed += args.seed
-    name = f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "") + (f"_seed{args.seed}" if args.seed else "")
+    name = (f"crammed_vs_hf_{args.steps}" + ("_same_init" if args.same_init else "")
+            + (f"_from_{args.init_from}" if args.init_from != "own" else "") + (f"_seed{args.seed}" if args.seed else ""))
     plan, run, steps, train_source = set_up(config, os.path.join(args.workdir, "runs", name))
     curves = side_by_side(plan, run, steps, train_source,
-                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "", args.seed)
+                          os.path.join(args.workdir, "runs", name, "initial") if args.same_init else "", args.seed,
+                          args.init_from, args.sides)
     a, b = np.asarray(curves["nli-jax"]), np.asarray(curves["transformers"])
     gap = np.abs(a - b)
     wa, wb = windows(curves["nli-jax"], args.window), windows(curves["transformers"], args.window)
     window_gap = np.abs(np.asarray(wa) - np.asarray(wb))
-    summary = {"steps": len(a), "window": args.window, "same_init": args.same_init,
+    summary = {"steps": len(a), "window": args.window, "same_init": args.same_init, "init_from": args.init_from,
+               "sides": args.sides, "seed": args.seed,
                "ramp_fraction": plan.batch_ramp.fraction, "curves": curves,
                "max_gap": {"per_step": float(gap.max()), "step": int(gap.argmax()) + 1,
                            "window_means": float(window_gap.max()),
@@ -219,12 +258,13 @@ def main():
     print(f"largest gap: per step {gap.max():.4f} (step {gap.argmax() + 1}); between {args.window}-step means "
           f"{window_gap.max():.4f} (ending at step {summary['max_gap']['window_end_step']})")
     print(f"seconds: nli-jax {curves['seconds']['nli-jax']:.1f}, transformers {curves['seconds']['transformers']:.1f}")
-    ratios = {"nli_jax_over_transformers_final_window_loss": wa[-1] / wb[-1],
-              "nli_jax_over_transformers_seconds": curves["seconds"]["nli-jax"] / curves["seconds"]["transformers"]}
+    ratios = ({"nli_jax_over_transformers_final_window_loss": wa[-1] / wb[-1],
+               "nli_jax_over_transformers_seconds": curves["seconds"]["nli-jax"] / curves["seconds"]["transformers"]}
+              if args.sides == "both" else {})  # one side alone: nothing to divide
     harness.write_result(args.json or os.path.join(args.workdir, "crammed_vs_transformers.json"), summary,
                          ratios=ratios)
     png = args.png or os.path.join(args.workdir, "crammed_vs_transformers.png")
-    init = "same" if args.same_init else "own"
+    init = "same" if args.same_init else {"own": "own", "transformers": "transformers'"}[args.init_from]
     plot(curves, args.window, png, f"nli-jax vs transformers ModernBertForMaskedLM ({init} initialisation, same "
                                    f"batches, AdamW, triangle, ramp, clip 0.5); {harness.line()}")
     print(f"wrote {png}")
