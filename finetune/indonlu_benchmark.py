@@ -24,7 +24,7 @@ import os
 from absl import app, flags
 
 from configs import indonlu as indonlu_config
-from finetune.sweep import run_cell, with_lr_and_seed
+from finetune.sweep import run_seeds
 from nli_jax import storage, tables
 from nli_jax.data import indonlu as indonlu_data
 from nli_jax import cli
@@ -146,17 +146,8 @@ def run_benchmark(model: str, workdir: str, source: str, tasks, overrides=(), cp
     label = built_model(model, configs)
     runs, seconds, failures = {}, {}, []
     for task, config in configs.items():
-        runs[task], seconds[task] = {}, 0.0
-        for seed in seeds or [None]:
-            if seed is None:  # the single-run layout: <workdir>/<task>
-                outcome = run_cell(config, os.path.join(workdir, task))
-            else:
-                outcome = run_cell(with_lr_and_seed(config, seed=seed), os.path.join(workdir, task, f"seed_{seed}"))
-            seconds[task] += outcome["seconds"]
-            if "results" in outcome:
-                runs[task][seed] = outcome["results"]
-            else:
-                failures.append(f"{NAMES[task]}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
+        runs[task], seconds[task], failed = run_seeds(config, os.path.join(workdir, task), seeds, NAMES[task])
+        failures += failed
         write_tables(workdir, runs, label, seconds, failures, seeds)  # readable while the benchmark runs
     written, why_not = write_submission(workdir, list(configs), source, seeds)
     if written:

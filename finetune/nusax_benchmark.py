@@ -34,7 +34,7 @@ import os
 from absl import app, flags
 
 from configs import nusax as nusax_config
-from finetune.sweep import run_cell, with_lr_and_seed
+from finetune.sweep import run_seeds
 from nli_jax import storage, tables
 from nli_jax.tasks.nusax import LANGUAGES
 from nli_jax import cli
@@ -228,17 +228,8 @@ def run_benchmark(model: str, workdir: str, source: str, languages, overrides=()
     model = described_model(model, configs)
     runs, seconds, failures = {}, {}, []
     for language, config in configs.items():
-        runs[language], seconds[language] = {}, 0.0
-        for seed in seeds or [None]:
-            if seed is None:
-                outcome = run_cell(config, os.path.join(base, language))
-            else:
-                outcome = run_cell(with_lr_and_seed(config, seed=seed), os.path.join(base, language, f"seed_{seed}"))
-            seconds[language] += outcome["seconds"]
-            if "results" in outcome:
-                runs[language][seed] = outcome["results"]
-            else:
-                failures.append(f"{language}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
+        runs[language], seconds[language], failed = run_seeds(config, os.path.join(base, language), seeds, language)
+        failures += failed
         if multi_source:
             write_multi_source(workdir, runs, model, seeds)
             continue

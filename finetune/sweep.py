@@ -62,6 +62,23 @@ def with_lr_and_seed(config, lr: float | None = None, seed: int | None = None):
     return cell
 
 
+def run_seeds(config, workdir: str, seeds, name: str) -> tuple[dict, float, list[str]]:
+    """One benchmark row: `config` run (or read) once per seed in <workdir>/seed_<s>, or once in
+    <workdir> when `seeds` is empty. ({seed or None: results}, seconds, failure lines named `name`)."""
+    results, seconds, failures = {}, 0.0, []
+    for seed in seeds or [None]:
+        if seed is None:  # the single-run layout: <workdir>
+            outcome = run_cell(config, workdir)
+        else:
+            outcome = run_cell(with_lr_and_seed(config, seed=seed), os.path.join(workdir, f"seed_{seed}"))
+        seconds += outcome["seconds"]
+        if "results" in outcome:
+            results[seed] = outcome["results"]
+        else:
+            failures.append(f"{name}{'' if seed is None else f' seed {seed}'}: {outcome['error'][:300]}")
+    return results, seconds, failures
+
+
 def run_cell(config, workdir: str, *, canary: bool = False) -> dict:
     """Runs (or, when finished, reads) one training run: {"status": "finished"|"failed"|"skipped",
     "results" | "error", "seconds"}. Exceptions become "failed", except for the canary failing

@@ -134,8 +134,9 @@ class ModelPlan:
     # What each layer keeps for its backward pass (REMAT_POLICIES); older configs' True / False
     # (= "full" / "none") still assign and resume: LEGACY_VALUES.
     remat: str = _choice("none", *REMAT_POLICIES)
-    # One scanned layer over stacked parameters (compiles in seconds at 24 layers on TPU); ALBERT
-    # keeps its loop. Parameters, checkpoints and optimizer state then have a leading layers axis:
+    # One scanned layer over stacked parameters (compiles in seconds at 24 layers on TPU); a family
+    # whose layers are shared across depth keeps its loop. Parameters, checkpoints and optimizer state
+    # then have a leading layers axis:
     # a run resumes with the setting it started with (Hugging Face exports are the same either way).
     scan_layers: bool = _bool(False)
     # The attention kernel (nli_jax.models.attention): "auto" (splash on a TPU target without
