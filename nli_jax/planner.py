@@ -35,6 +35,7 @@ from nli_jax import options as options_lib
 from nli_jax import plan as P
 from nli_jax import storage
 from nli_jax import workdir as workdir_lib
+from nli_jax.data.records import read_many
 from nli_jax.errors import ConfigValueError, RunError  # noqa: F401  (re-exported)
 from nli_jax.hooks import HOOKS
 from nli_jax.models.presets import PRESETS
@@ -460,7 +461,7 @@ def check_unknown_rate(tokenizer, tokenizer_path: str, source, encode, split: st
         return 0.0
     special = np.asarray(sorted(set(tokenizer.all_special_ids) - {unk}), np.int64)
     n = min(sample, len(source))
-    examples = source.get_many(list(range(n))) if hasattr(source, "get_many") else [source[i] for i in range(n)]
+    examples = read_many(source, range(n))
     unknown = total = 0
     for example in examples:
         features = encode(example)

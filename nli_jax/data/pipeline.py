@@ -20,6 +20,8 @@ import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
+from nli_jax.data.records import read_many
+
 
 def bucket_length(buckets: Sequence[int], longest: int) -> int:
     """The smallest bucket that holds `longest` tokens (`longest` itself beyond the last bucket)."""
@@ -377,9 +379,7 @@ class _ProcessBatch:
     def __call__(self, b):
         positions = b * self.g + self.p * self.l + np.arange(self.l)
         indices = self.order(positions).tolist()
-        get_many = getattr(self.source, "get_many", None)
-        rows = get_many(indices) if get_many else [self.source[i] for i in indices]
-        rows = [self.encode(r) for r in rows]
+        rows = [self.encode(r) for r in read_many(self.source, indices)]
         if self.lengths is None:
             return rows
         return rows, self.lengths[self.order(b * self.g + np.arange(self.g))]
@@ -447,7 +447,7 @@ def encoded_lengths(source, encode: Callable[[dict], dict], process_index: int, 
     mine = process_shard(n, process_index, process_count, drop_remainder=False)
     per_process = -(-n // process_count)
     local = np.zeros(per_process, np.int32)
-    local[:len(mine)] = [len(encode(source[i])["input_ids"]) for i in mine]
+    local[:len(mine)] = [len(encode(example)["input_ids"]) for example in read_many(source, mine)]
     if process_count == 1:
         return local[:n]
     gathered = np.asarray(multihost_utils.process_allgather(local))  # [process, row]

@@ -16,6 +16,7 @@ import dataclasses
 
 from nli_jax import storage
 from nli_jax.data import overlap
+from nli_jax.data.records import read_many
 from nli_jax.errors import RunError
 from nli_jax.hooks import HOOKS, HookOptions, RunHook
 from nli_jax.options import option
@@ -56,8 +57,7 @@ def earlier_training(path: str) -> list[tuple[str, str, list[dict]]]:
 
 def _examples(source) -> list[dict]:
     """Every example of a random-access source, in one batched read where it has one."""
-    get_many = getattr(source, "get_many", None)
-    return get_many(list(range(len(source)))) if get_many else [source[i] for i in range(len(source))]
+    return read_many(source, range(len(source)))
 
 
 @dataclasses.dataclass(frozen=True)
