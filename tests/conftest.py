@@ -1,4 +1,7 @@
 import atexit
+import csv
+import io
+import json
 import os
 import pathlib
 import shutil
@@ -47,11 +50,91 @@ def pytest_runtest_setup(item):
         pytest.skip(f"not run: the suite's time budget (NLI_JAX_TEST_BUDGET_S={_BUDGET_S:.0f} s) was spent")
 
 
+# Longest work first. Under xdist (--dist loadscope) a worker takes the next unit of work (a test
+# file, or a test class) in collection order when it is free, so a long unit collected last runs
+# alone at the end while the other worker idles. Units are ordered by the seconds their selected
+# tests took when measured (tests/test_seconds.json, setup + call + teardown per test; written by a
+# run with NLI_JAX_RECORD_TEST_SECONDS=<file>); a test not measured yet counts as a typical one.
+TEST_SECONDS = pathlib.Path(__file__).with_name("test_seconds.json")
+_UNMEASURED_S = {"slow": 20.0, "default": 1.0}
+
+
+def _unit(item) -> str:
+    return item.nodeid.split("::", 2)[0] + (f"::{item.cls.__name__}" if item.cls else "")
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not select
+def pytest_collection_modifyitems(config, items):
+    measured = json.loads(TEST_SECONDS.read_text()) if TEST_SECONDS.exists() else {}
+    cost, first = {}, {}
+    for position, item in enumerate(items):
+        unit = _unit(item)
+        first.setdefault(unit, position)
+        typical = _UNMEASURED_S["slow" if item.get_closest_marker("slow") else "default"]
+        cost[unit] = cost.get(unit, 0.0) + measured.get(item.nodeid, typical)
+    items.sort(key=lambda item: (-cost[_unit(item)], first[_unit(item)]))  # stable: a unit's tests keep their order
+
+
+_RECORD = os.environ.get("NLI_JAX_RECORD_TEST_SECONDS")
+_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if _RECORD:  # in the controlling process, which sees every worker's reports
+        _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if _RECORD and not hasattr(session.config, "workerinput") and _seconds:
+        path = pathlib.Path(_RECORD)
+        table = json.loads(path.read_text()) if path.exists() else {}
+        table.update({nodeid: round(s, 1) for nodeid, s in _seconds.items()})
+        path.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")
+
+
 @pytest.fixture(scope="session")
 def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real datasets not found at {SHARED_DATA} (set NLI_JAX_SHARED_DATA); skipping")
     return SHARED_DATA
+
+
+def first_rows(source, destination, n, kind):
+    """The first n rows of a real file into tmp: 'lines', 'csv' (header kept; quoted fields may
+    hold newlines) or 'blocks' (blank-line separated sentences)."""
+    text = source.read_text(encoding="utf-8")
+    if kind == "blocks":
+        out = "\n\n".join([b for b in text.split("\n\n") if b.strip()][:n]) + "\n"
+    elif kind == "csv":
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows(list(csv.reader(io.StringIO(text)))[:n + 1])
+        out = buffer.getvalue()
+    else:
+        out = "".join(text.splitlines(keepends=True)[:n])
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.write_text(out, encoding="utf-8")
+
+
+INDONLU_SMALL_ROWS = (64, 40)  # training, validation rows (sentences for the tagging tasks) per task
+
+
+@pytest.fixture(scope="session")
+def indonlu_small(shared_data, tmp_path_factory):
+    """The 12 IndoNLU tasks' real files cut to their first INDONLU_SMALL_ROWS rows, in tmp: every
+    task's format at a few steps' cost, for the tests of a run on every task (tests/test_tasks.py
+    reads the whole files and checks their counts)."""
+    from nli_jax.data import indonlu
+    needed = [shared_data / "indonlu" / t.folder for t in indonlu.TASKS.values()]
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        pytest.skip(f"{len(missing)} of IndoNLU's task folders not found, e.g. {missing[0]} (../shared/data/README.md)")
+    root = tmp_path_factory.mktemp("indonlu_small")
+    for task in indonlu.TASKS.values():
+        kind = {"txt": "blocks", "tsv": "lines", "csv": "csv"}[task.extension]
+        for split, n in zip(("train", "valid"), INDONLU_SMALL_ROWS):
+            name = f"{split}_preprocess.{task.extension}"
+            first_rows(shared_data / "indonlu" / task.folder / name, root / task.folder / name, n, kind)
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -131,19 +131,19 @@ def test_mlm_plateau_toy(tmp_path):
                      rows[-1]["transformers_loss"])
 
 
-def _small_data(shared_data, root):
-    """A data folder with two small corpus files and the real IndoNLU beside them."""
+def _small_data(shared_data, indonlu_small, root):
+    """A data folder with two small corpus files and the real IndoNLU's first rows beside them."""
     corpus = root / "data" / "id_corpus_sample"
     corpus.mkdir(parents=True)
     for name in ("talpco.txt", "frog_storytelling.txt"):
         (corpus / name).write_bytes((shared_data / "id_corpus_sample" / name).read_bytes())
-    (root / "data" / "indonlu").symlink_to(shared_data / "indonlu")
+    (root / "data" / "indonlu").symlink_to(indonlu_small)
     return root / "data"
 
 
 @pytest.mark.slow  # a 20-step pretraining and two SmSA fine-tunes of 64 examples: ~2 minutes
-def test_pretrain_id_corpus(shared_data, tmp_path):
-    data = _small_data(shared_data, tmp_path)
+def test_pretrain_id_corpus(shared_data, indonlu_small, tmp_path):
+    data = _small_data(shared_data, indonlu_small, tmp_path)
     work = tmp_path / "work"
     _, result = run_benchmark("benchmarks.experiments.pretrain_id_corpus", f"--workdir={work}", f"--data={data}",
                               "--steps=20", "--batch=8", "--vocab_size=1000", "--finetune_epochs=smsa=1",
@@ -156,8 +156,8 @@ def test_pretrain_id_corpus(shared_data, tmp_path):
 
 
 @pytest.mark.slow  # MiniLM-L6 continued 4 steps, then two 4-step SmSA fine-tunes: ~3 minutes
-def test_continued_pretraining_gain(shared_data, minilm_dir, tmp_path):
-    data = _small_data(shared_data, tmp_path)
+def test_continued_pretraining_gain(shared_data, indonlu_small, minilm_dir, tmp_path):
+    data = _small_data(shared_data, indonlu_small, tmp_path)
     work = tmp_path / "work"
     _, result = run_benchmark("benchmarks.experiments.continued_pretraining_gain", f"--workdir={work}",
                               f"--data={data}", f"--init={minilm_dir}", "--pretrain_steps=4", "--evaluations=2",

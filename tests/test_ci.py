@@ -1,5 +1,5 @@
-"""What CI runs (.ci/run): README's install, the default suite, then the slow suite under the time
-CI has left, whose spent budget skips the tests that would start too late, each listed."""
+"""What CI runs (.ci/run): README's install, then the default and slow suites as one session under the
+time CI has left, whose spent budget skips the tests that would start too late, each listed."""
 import os
 import re
 import subprocess
@@ -8,13 +8,14 @@ import sys
 from conftest import REPO
 
 
-def test_ci_runs_the_readme_install_then_both_suites():
+def test_ci_runs_the_readme_install_then_both_suites_in_one_session():
     script = (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
     commands = [line.split("#")[0].strip() for line in script.splitlines() if line.startswith(("python", "NLI_JAX"))]
-    assert commands == ['python -m pip install -e ".[test]"', "python -m pytest",
-                        "NLI_JAX_TEST_BUDGET_S=$(( 5400 - 900 - SECONDS )) python -m pytest -m slow"], commands
-    for shown in ('pip install -e ".[test]"', "python -m pytest ", "python -m pytest -m slow"):
+    assert commands == ['python -m pip install -e ".[test]"',
+                        'NLI_JAX_TEST_BUDGET_S=$(( 5400 - 900 - SECONDS )) python -m pytest -m "not tpu_recipes"'], commands
+    for shown in ('pip install -e ".[test]"', "python -m pytest ", "python -m pytest -m slow",
+                  'python -m pytest -m "not tpu_recipes"'):
         assert shown in readme, shown
 
 
@@ -32,3 +33,44 @@ def test_a_spent_budget_skips_the_tests_left_and_names_the_reason():
     for budget in (None, "3600"):
         last = run(budget).splitlines()[-1]
         assert " passed" in last and "skipped" not in last, last
+
+
+def _collected(*arguments, env=None):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "-n", "0",
+                           *arguments], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_the_longest_units_of_work_come_first_each_in_one_piece():
+    """A unit (a file, or a test class) is collected in one piece, units in decreasing order of the
+    seconds tests/test_seconds.json gives their selected tests (a test not in it: 20 s if slow, 1 s
+    otherwise), so a worker never starts a long unit last."""
+    import json
+    from conftest import TEST_SECONDS, _UNMEASURED_S
+    measured = json.loads(TEST_SECONDS.read_text())
+    nodeids = _collected("-m", "not tpu_recipes")
+    slow = set(_collected("-m", "slow"))
+    units, cost = [], {}
+    for nodeid in nodeids:
+        parts = nodeid.split("::")
+        unit = parts[0] + (f"::{parts[1]}" if len(parts) > 2 and parts[1].startswith("Test") else "")
+        if not units or units[-1] != unit:
+            assert unit not in units, f"{unit} collected in two pieces"
+            units.append(unit)
+        typical = _UNMEASURED_S["slow" if nodeid in slow else "default"]
+        cost[unit] = cost.get(unit, 0.0) + measured.get(nodeid, typical)
+    assert len(units) > 60 and "tests/test_families_workflow.py::TestDebertaWorkflow" in units
+    assert [cost[u] for u in units] == sorted((cost[u] for u in units), reverse=True)
+
+
+def test_a_run_records_each_tests_seconds_for_the_order(tmp_path):
+    table = tmp_path / "seconds.json"
+    table.write_text('{"tests/test_elsewhere.py::test_kept": 12.5}\n')
+    env = dict(os.environ, NLI_JAX_RECORD_TEST_SECONDS=str(table))
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "tests/test_metrics.py"],
+                   cwd=REPO, capture_output=True, text=True, env=env, timeout=300, check=True)
+    import json
+    recorded = json.loads(table.read_text())
+    ran = [k for k in recorded if k.startswith("tests/test_metrics.py::")]
+    assert sorted(ran) == sorted(_collected("tests/test_metrics.py")) and all(recorded[k] >= 0 for k in ran)
+    assert recorded["tests/test_elsewhere.py::test_kept"] == 12.5  # earlier measurements kept

@@ -243,12 +243,12 @@ def test_the_electra_export_fine_tunes_and_transformers_reads_the_classifier(ele
                                atol=TOLERANCE)
 
 
-@pytest.mark.slow  # every IndoNLU task from the ELECTRA export, a few steps each: minutes
-def test_the_electra_export_fine_tunes_on_every_indonlu_task(electra_run, shared_data, tmp_path):
+@pytest.mark.slow  # every IndoNLU task (its first rows) from the ELECTRA export, a few steps each: minutes
+def test_the_electra_export_fine_tunes_on_every_indonlu_task(electra_run, indonlu_small, tmp_path):
     from configs import indonlu as indonlu_config
     from finetune import indonlu_benchmark
     export = electra_run / "export"
-    indonlu_benchmark.run("scratch", str(tmp_path), str(shared_data / "indonlu"), indonlu_config.TASKS,
+    indonlu_benchmark.run("scratch", str(tmp_path), str(indonlu_small), indonlu_config.TASKS,
                           overrides=["train.max_steps=3", f"data.tfds_dir={tmp_path / 'tfds'}",
                                      f"model.init={export}", f"model.tokenizer={export}"], cpu_test=True)
     for task in indonlu_config.TASKS:

@@ -7,19 +7,17 @@ export that transformers loads as the family's class and that predicts what the 
 
 Real IndoNLU, OCNLI and InferES files are read from the shared data folder (conftest.shared_data;
 skipped without it) and cut, in tmp, to their first rows: each run is a few steps."""
-import csv
-import io
 import json
 
 import numpy as np
 import pytest
 
-from conftest import config_for, task_for
+from conftest import INDONLU_SMALL_ROWS, config_for, first_rows, task_for
 
 # family -> (preset, transformers' class prefix, the family's IndoNLI config in configs/)
 FAMILIES = {"deberta": ("tiny-deberta-v3", "DebertaV2", "indonli_mdeberta"),
             "modernbert": ("tiny-modernbert", "ModernBert", "indonli_mmbert")}
-TRAIN, VALID = 64, 40  # IndoNLU rows (sentences for tagging tasks) per split
+TRAIN, VALID = INDONLU_SMALL_ROWS  # IndoNLU rows (sentences for tagging tasks) per split
 STEPS = 6
 NLI_SPLITS = ("validation", "test_lay", "test_expert", "diagnostic")
 PROBABILITY_TOLERANCE = 2e-6  # predictions.jsonl rounds to 6 decimals; found 5e-7
@@ -29,41 +27,19 @@ def _jsonl(path):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _first_rows(source, destination, n, kind):
-    """The first n rows of a real file into tmp: 'lines', 'csv' (header kept; quoted fields may
-    hold newlines) or 'blocks' (blank-line separated sentences)."""
-    text = source.read_text(encoding="utf-8")
-    if kind == "blocks":
-        out = "\n\n".join([b for b in text.split("\n\n") if b.strip()][:n]) + "\n"
-    elif kind == "csv":
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows(list(csv.reader(io.StringIO(text)))[:n + 1])
-        out = buffer.getvalue()
-    else:
-        out = "".join(text.splitlines(keepends=True)[:n])
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    destination.write_text(out, encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
-def small_data(shared_data, tmp_path_factory):
-    """IndoNLU (TRAIN / VALID rows a task), OCNLI (train.3k.json / dev.json) and InferES cut to
-    their first rows, in tmp."""
-    from nli_jax.data import indonlu
-    needed = [shared_data / "indonlu" / t.folder for t in indonlu.TASKS.values()]
-    needed += [shared_data / "ocnli" / "train.3k.json", shared_data / "inferes" / "inferes_train.csv"]
+def small_data(indonlu_small, shared_data, tmp_path_factory):
+    """IndoNLU (conftest.indonlu_small: TRAIN / VALID rows a task), OCNLI (train.3k.json /
+    dev.json) and InferES cut to their first rows, in tmp."""
+    needed = [shared_data / "ocnli" / "train.3k.json", shared_data / "inferes" / "inferes_train.csv"]
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
         pytest.skip(f"{len(missing)} of the real datasets' files not found, e.g. {missing[0]} (../shared/data/README.md)")
     root = tmp_path_factory.mktemp("small_data")
-    for task in indonlu.TASKS.values():
-        kind = {"txt": "blocks", "tsv": "lines", "csv": "csv"}[task.extension]
-        for split, n in (("train", TRAIN), ("valid", VALID)):
-            name = f"{split}_preprocess.{task.extension}"
-            _first_rows(shared_data / "indonlu" / task.folder / name, root / "indonlu" / task.folder / name, n, kind)
-    _first_rows(shared_data / "ocnli" / "train.3k.json", root / "ocnli" / "train.3k.json", 160, "lines")
-    _first_rows(shared_data / "ocnli" / "dev.json", root / "ocnli" / "dev.json", 60, "lines")
-    _first_rows(shared_data / "inferes" / "inferes_train.csv", root / "inferes" / "inferes_train.csv", 400, "csv")
+    (root / "indonlu").symlink_to(indonlu_small)
+    first_rows(shared_data / "ocnli" / "train.3k.json", root / "ocnli" / "train.3k.json", 160, "lines")
+    first_rows(shared_data / "ocnli" / "dev.json", root / "ocnli" / "dev.json", 60, "lines")
+    first_rows(shared_data / "inferes" / "inferes_train.csv", root / "inferes" / "inferes_train.csv", 400, "csv")
     return root
 
 
@@ -100,15 +76,15 @@ def _nli_configs(family, data, tmp):
     return configs
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="class")
 def family_runs(request, small_data, tmp_path_factory):
-    """Every task's run from one family: {task: (config, workdir)}. The IndoNLU tasks through
-    finetune.indonlu_benchmark (classification with training dynamics; the tagging tasks have
-    none), the NLI corpora through the loop finetune.main runs."""
+    """Every task's run from the test class's family: {task: (config, workdir)}. The IndoNLU tasks
+    through finetune.indonlu_benchmark (classification with training dynamics; the tagging tasks
+    have none), the NLI corpora through the loop finetune.main runs."""
     from finetune import indonlu_benchmark
     from nli_jax.data import indonlu
     from nli_jax.train.loop import train_and_evaluate
-    family = request.param
+    family = request.cls.family
     preset = FAMILIES[family][0]
     tmp = tmp_path_factory.mktemp(family)
     common = [f"model.preset={preset}", f"train.max_steps={STEPS}", "export_best=True", f"data.tfds_dir={tmp / 'tfds'}"]
@@ -129,56 +105,6 @@ def family_runs(request, small_data, tmp_path_factory):
 
 def _validation(workdir):
     return [r for r in _jsonl(workdir / "predictions.jsonl") if r["split"] == "validation"]
-
-
-@pytest.mark.slow  # one family's 15 runs, shared by its 3 tests: 3-7 minutes on 2 cores at load 4-10
-def test_every_task_trains_and_reports_its_metric_per_split(family_runs):
-    """results.json: the task's primary metric for every evaluated split, the examples counted;
-    predictions.jsonl: one record for every validation example; calibration for every
-    classification task; IndoNLI's four files with the diagnostic's tags."""
-    from nli_jax.data import indonlu
-    family, runs = family_runs
-    for task, (config, workdir) in runs.items():
-        results = json.loads((workdir / "results.json").read_text())
-        assert 0 < results["steps"] <= config.train.max_steps, (family, task)  # or one epoch
-        metric = results["primary_metric"]
-        assert metric == ("f1" if task in indonlu.TASKS else "accuracy"), (family, task)
-        assert set(results["splits"]) == set(config.eval_splits) - {"test"}, (family, task)  # no IndoNLU test files
-        for split, report in results["splits"].items():
-            assert 0.0 <= report[metric] <= 1.0 and report["count"] > 0, (family, task, split)
-        validation = results["splits"]["validation"]
-        assert len(_validation(workdir)) == validation["count"], (family, task)
-        if task in indonlu.TASKS:
-            assert validation["count"] == VALID, (family, task)
-        if task not in indonlu.SEQUENCE_LABELLING_TASKS:
-            calibration = validation["calibration"]
-            assert {"ece", "brier", "nll"} <= set(calibration["raw"]), (family, task, calibration)
-    for table in {workdir.parent / "table.md" for task, (_, workdir) in runs.items() if task in indonlu.TASKS}:
-        assert f"(run: preset {FAMILIES[family][0]} from scratch)" in table.read_text(), (family, table)
-    splits = json.loads((runs["indonli"][1] / "results.json").read_text())["splits"]
-    assert set(splits) == set(NLI_SPLITS) and splits["diagnostic"]["by_tag"], family
-    ocnli = json.loads((runs["ocnli"][1] / "results.json").read_text())["splits"]["validation"]
-    assert set(ocnli["by_genre"]) and set(ocnli["by_level"]) <= {"easy", "medium", "hard"}, family
-    inferes = json.loads((runs["inferes"][1] / "results.json").read_text())["splits"]
-    assert set(inferes["topic_ood"]["by_topic"]) == {"3"}, family
-
-
-@pytest.mark.slow  # reads the runs of the test above
-def test_training_dynamics_cover_every_training_example_of_the_classification_tasks(family_runs):
-    """hooks.dynamics: each classification run's records hold, for every training example
-    it trained on, its gold label's probability."""
-    from nli_jax.hooks import dynamics
-    family, runs = family_runs
-    recorded = [t for t, (c, _) in runs.items() if c.hooks.dynamics.enabled]
-    assert len(recorded) == 5 + 3, (family, recorded)  # the 5 IndoNLU classification tasks and the NLI corpora
-    for task in recorded:
-        config, workdir = runs[task]
-        records = dynamics.read_records(str(workdir))
-        examples = len(_examples(config, getattr(task_for(config), "train_split", "train")))  # OCNLI's train_3k
-        steps = json.loads((workdir / "results.json").read_text())["steps"]
-        trained = min(steps * config.train.batch_size, examples)  # each seen at least once
-        assert len(np.unique(records["idx"])) == trained and records["idx"].max() < examples, (family, task)
-        assert np.all((records["gold_probability"] >= 0) & (records["gold_probability"] <= 1)), (family, task)
 
 
 def _examples(config, split):
@@ -245,15 +171,81 @@ def _check_export(family, task, config, workdir):
     return float(np.abs(probabilities - np.asarray([r["probabilities"] for r in ours])).max())
 
 
-@pytest.mark.slow  # reads the runs of the test above
-def test_every_export_loads_in_transformers_and_predicts_the_runs_predictions(family_runs):
-    """export_best/ of every run: {Prefix}ForSequenceClassification (EmoT, SmSA, WReTE, IndoNLI,
-    OCNLI, InferES) with the run's validation probabilities within 2e-6, {Prefix}ForTokenClassification
-    (the 7 tagging tasks) whose sub-token logits averaged per word give the run's tags, and for
-    CASA / HoASA (a head transformers has not) the encoder as {Prefix}Model and the run's
-    per-aspect labels from nli-jax's reading of the export."""
-    family, runs = family_runs
-    gaps = {task: _check_export(family, task, config, workdir) for task, (config, workdir) in runs.items()}
-    print(f"\n{family} exports, max |transformers - run| probability: "
-          + ", ".join(f"{t} {g:.1e}" for t, g in gaps.items() if g is not None))
+class _FamilyWorkflow:
+    """The family's runs and their checks; one subclass per family (FAMILIES), each a unit of
+    work of its own under --dist loadscope, so the two families' runs go to both workers."""
+    family = None
 
+    @pytest.mark.slow  # one family's 15 runs, shared by its 3 tests: 3-7 minutes on 2 cores at load 4-10
+    def test_every_task_trains_and_reports_its_metric_per_split(self, family_runs):
+        """results.json: the task's primary metric for every evaluated split, the examples counted;
+        predictions.jsonl: one record for every validation example; calibration for every
+        classification task; IndoNLI's four files with the diagnostic's tags."""
+        from nli_jax.data import indonlu
+        family, runs = family_runs
+        for task, (config, workdir) in runs.items():
+            results = json.loads((workdir / "results.json").read_text())
+            assert 0 < results["steps"] <= config.train.max_steps, (family, task)  # or one epoch
+            metric = results["primary_metric"]
+            assert metric == ("f1" if task in indonlu.TASKS else "accuracy"), (family, task)
+            assert set(results["splits"]) == set(config.eval_splits) - {"test"}, (family, task)  # no IndoNLU test files
+            for split, report in results["splits"].items():
+                assert 0.0 <= report[metric] <= 1.0 and report["count"] > 0, (family, task, split)
+            validation = results["splits"]["validation"]
+            assert len(_validation(workdir)) == validation["count"], (family, task)
+            if task in indonlu.TASKS:
+                assert validation["count"] == VALID, (family, task)
+            if task not in indonlu.SEQUENCE_LABELLING_TASKS:
+                calibration = validation["calibration"]
+                assert {"ece", "brier", "nll"} <= set(calibration["raw"]), (family, task, calibration)
+        for table in {workdir.parent / "table.md" for task, (_, workdir) in runs.items() if task in indonlu.TASKS}:
+            assert f"(run: preset {FAMILIES[family][0]} from scratch)" in table.read_text(), (family, table)
+        splits = json.loads((runs["indonli"][1] / "results.json").read_text())["splits"]
+        assert set(splits) == set(NLI_SPLITS) and splits["diagnostic"]["by_tag"], family
+        ocnli = json.loads((runs["ocnli"][1] / "results.json").read_text())["splits"]["validation"]
+        assert set(ocnli["by_genre"]) and set(ocnli["by_level"]) <= {"easy", "medium", "hard"}, family
+        inferes = json.loads((runs["inferes"][1] / "results.json").read_text())["splits"]
+        assert set(inferes["topic_ood"]["by_topic"]) == {"3"}, family
+
+
+    @pytest.mark.slow  # reads the runs of the test above
+    def test_training_dynamics_cover_every_training_example_of_the_classification_tasks(self, family_runs):
+        """hooks.dynamics: each classification run's records hold, for every training example
+        it trained on, its gold label's probability."""
+        from nli_jax.hooks import dynamics
+        family, runs = family_runs
+        recorded = [t for t, (c, _) in runs.items() if c.hooks.dynamics.enabled]
+        assert len(recorded) == 5 + 3, (family, recorded)  # the 5 IndoNLU classification tasks and the NLI corpora
+        for task in recorded:
+            config, workdir = runs[task]
+            records = dynamics.read_records(str(workdir))
+            examples = len(_examples(config, getattr(task_for(config), "train_split", "train")))  # OCNLI's train_3k
+            steps = json.loads((workdir / "results.json").read_text())["steps"]
+            trained = min(steps * config.train.batch_size, examples)  # each seen at least once
+            assert len(np.unique(records["idx"])) == trained and records["idx"].max() < examples, (family, task)
+            assert np.all((records["gold_probability"] >= 0) & (records["gold_probability"] <= 1)), (family, task)
+
+
+    @pytest.mark.slow  # reads the runs of the test above
+    def test_every_export_loads_in_transformers_and_predicts_the_runs_predictions(self, family_runs):
+        """export_best/ of every run: {Prefix}ForSequenceClassification (EmoT, SmSA, WReTE, IndoNLI,
+        OCNLI, InferES) with the run's validation probabilities within 2e-6, {Prefix}ForTokenClassification
+        (the 7 tagging tasks) whose sub-token logits averaged per word give the run's tags, and for
+        CASA / HoASA (a head transformers has not) the encoder as {Prefix}Model and the run's
+        per-aspect labels from nli-jax's reading of the export."""
+        family, runs = family_runs
+        gaps = {task: _check_export(family, task, config, workdir) for task, (config, workdir) in runs.items()}
+        print(f"\n{family} exports, max |transformers - run| probability: "
+              + ", ".join(f"{t} {g:.1e}" for t, g in gaps.items() if g is not None))
+
+
+class TestDebertaWorkflow(_FamilyWorkflow):
+    family = "deberta"
+
+
+class TestModernbertWorkflow(_FamilyWorkflow):
+    family = "modernbert"
+
+
+def test_every_family_has_its_workflow_class():
+    assert sorted(c.family for c in _FamilyWorkflow.__subclasses__()) == sorted(FAMILIES)
