@@ -53,6 +53,57 @@ def describe() -> dict:
             "isa": [f for f in ISA_FLAGS if f in flags], "thp": thp_mode()}
 
 
+# FP32 FMA units per core: two on the server cores nli-jax runs on (Intel Xeon since Skylake-SP
+# Gold/Platinum, AMD Zen 4 and Zen 5); Zen 4 splits a 512-bit FMA into two 256-bit halves, so its
+# AVX-512 peak is its AVX2 peak (lanes_per_fma below) -- a stated assumption, not a measurement.
+FMA_UNITS_PER_CORE = 2
+
+
+def cpu_peak(clock_ghz: float | None = None) -> dict:
+    """The CPU's FP32 peak as cores x clock x FMA units x lanes x 2 (an FMA is two FLOPs), each
+    factor stated: cores the process may use, the clock the kernel reports (a VM's nominal clock;
+    boost clocks are higher, so the ratio to it is an upper bound), lanes from the ISA (16 with
+    AVX-512 except on Zen 4, 8 with AVX2, 4 otherwise)."""
+    d = describe()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if clock_ghz is None:
+        clock_ghz = _reported_clock_ghz()
+    zen4 = "AMD" in d["cpu"] and _cpu_family() == 25  # family 25 with AVX-512: Zen 4 (Zen 3 has none)
+    lanes = 16 if "avx512f" in d["isa"] and not zen4 else 8 if "fma" in d["isa"] else 4
+    flops = cores * clock_ghz * 1e9 * FMA_UNITS_PER_CORE * lanes * 2
+    return {"gflops": flops / 1e9, "cores": cores, "clock_ghz": clock_ghz, "fma_units_per_core": FMA_UNITS_PER_CORE,
+            "fp32_lanes_per_fma": lanes,
+            "formula": f"{cores} cores x {clock_ghz:.2f} GHz x {FMA_UNITS_PER_CORE} FMA units x {lanes} lanes x 2"}
+
+
+def _reported_clock_ghz() -> float:
+    for path in ("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return int(f.read().strip()) / 1e6  # kHz
+        except (OSError, ValueError):
+            pass
+    mhz = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            mhz = [float(v.split(":")[1]) for v in f if v.startswith("cpu MHz")]
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(mhz) / 1e3 if mhz else 0.0
+
+
+def _cpu_family() -> int | None:
+    """The CPU family from /proc/cpuinfo (AMD: 25 = Zen 3/4, 26 = Zen 5)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for entry in f:
+                if entry.startswith("cpu family"):
+                    return int(entry.split(":")[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def line() -> str:
     d = describe()
     return f"CPU: {d['cpu']}, {d['cores']} cores, {' '.join(d['isa']) or 'no AVX2'}, THP {d['thp'] or 'unknown'}"

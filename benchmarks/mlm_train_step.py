@@ -3,6 +3,9 @@
     python -m benchmarks.mlm_train_step                 # BERT-base, batch 8 x seq 128, fp32
     python -m benchmarks.mlm_train_step --model tiny-bert --rounds 2 --steps 1   # smoke run
 
+Each side's achieved FP32 GFLOP/s (the model's training FLOPs per token x tokens/s) is printed
+beside the CPU's peak (benchmarks.harness.cpu_peak: cores x clock x FMA units x lanes x 2).
+
 Sides (--sides):
   nli-jax              the pretraining loop's own step: nli_jax.train.compiled_step.initial_state_and_step
                        (the state {params, opt_state, step} in its shardings, the jitted
@@ -219,14 +222,26 @@ def main():
               "torch_threads": torch.get_num_threads() if torch else None, "host_allocator": HOST_MALLOC,
               "nli_jax_step": "nli_jax.train.compiled_step.initial_state_and_step (make_train_step), pretraining task, "
                               "donated state", "sides": {}}
+    # Achieved FP32 FLOP/s against the CPU's peak: the model's training FLOPs per token (6 x the
+    # parameters outside the embedding tables + attention; the same count as device_check's MFU)
+    # x tokens/s. nli-jax decodes only the masked positions, PyTorch every one: both are credited
+    # the same useful work, so the figure says how near each side's step is to the hardware.
+    flops_per_token = ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)).training_flops_per_token(args.seq)
+    peak = harness.cpu_peak()
+    result.update(training_flops_per_token=flops_per_token, cpu_peak=peak)
     for name, timing in timings.items():
-        result["sides"][name] = dict(timing.summary(), tokens_per_s=tokens / timing.median, step_times_s=timing.times)
+        achieved = tokens / timing.median * flops_per_token / 1e9
+        result["sides"][name] = dict(timing.summary(), tokens_per_s=tokens / timing.median, step_times_s=timing.times,
+                                     gflops=achieved, share_of_peak=achieved / peak["gflops"] if peak["gflops"] else None)
     print(f"MLM train step, {args.model}, batch {args.batch} x seq {args.seq}, fp32, clipped AdamW, {os.cpu_count()} "
           f"cores; {args.rounds} rounds x {args.steps} steps per side")
-    print(f"  {'side':20s} {'tokens/s':>9s}   step s: {'min':>7s} {'median':>7s} {'max':>7s}   first (compile) s")
+    print(f"  FP32 peak {peak['gflops']:.0f} GFLOP/s ({peak['formula']}); {flops_per_token / 1e6:.1f} MFLOP per token")
+    print(f"  {'side':20s} {'tokens/s':>9s}   step s: {'min':>7s} {'median':>7s} {'max':>7s}   first (compile) s"
+          f"   GFLOP/s  of peak")
     for name, r in result["sides"].items():
+        share = f"{100 * r['share_of_peak']:6.1f}%" if r["share_of_peak"] is not None else "      ?"
         print(f"  {name:20s} {r['tokens_per_s']:9.1f}           {r['min_s']:7.3f} {r['median_s']:7.3f} "
-              f"{r['max_s']:7.3f}   {r['first_call_s']:.1f}")
+              f"{r['max_s']:7.3f}   {r['first_call_s']:17.1f}   {r['gflops']:7.1f}  {share}")
     # tokens/s ratio = ratio of the median step times, the denominator's over the numerator's
     ratios = {f"{a}_over_{b}_tokens_per_s".replace("-", "_"): timings[b].median / timings[a].median
               for a, b in (("nli-jax", "pytorch-eager"), ("nli-jax-handwritten", "pytorch-eager"),

@@ -98,6 +98,22 @@ def test_mlm_train_step(tmp_path):
     assert_ratio(result, "nli_jax_over_nli_jax_handwritten_tokens_per_s", sides["nli-jax"]["tokens_per_s"],
                  sides["nli-jax-handwritten"]["tokens_per_s"])
     assert "ratio nli_jax_over_pytorch_eager_tokens_per_s" in proc.stdout
+    # FLOP/s against the CPU's peak: BERT's training FLOPs per token counted by hand (6 x the
+    # parameters a token passes through outside the embeddings: the layers, the MLM transform and
+    # the decoder's bias; + 12 x layers x hidden x length for attention).
+    from nli_jax.models import preset
+    c = preset("tiny-bert")
+    h, i, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
+    by_hand = 6 * (layers * layer + h * h + h + 2 * h + c.vocab_size) + 12 * layers * h * 128
+    assert result["training_flops_per_token"] == by_hand
+    peak = result["cpu_peak"]
+    assert peak["gflops"] == pytest.approx(peak["cores"] * peak["clock_ghz"] * peak["fma_units_per_core"]
+                                           * peak["fp32_lanes_per_fma"] * 2)
+    for side, r in sides.items():
+        assert r["gflops"] == pytest.approx(r["tokens_per_s"] * by_hand / 1e9), side
+        assert r["share_of_peak"] == pytest.approx(r["gflops"] / peak["gflops"]), side
+    assert "GFLOP/s" in proc.stdout and peak["formula"] in proc.stdout
 
 
 def test_device_check_tiny(tmp_path):
