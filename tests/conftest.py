@@ -45,9 +45,19 @@ _BUDGET_S = float(os.environ.get("NLI_JAX_TEST_BUDGET_S") or 0)
 _STARTED = time.monotonic()
 
 
+_BUDGET_REASON = "not run: the suite's time budget"
+
+
 def pytest_runtest_setup(item):
     if _BUDGET_S and time.monotonic() - _STARTED > _BUDGET_S:
-        pytest.skip(f"not run: the suite's time budget (NLI_JAX_TEST_BUDGET_S={_BUDGET_S:.0f} s) was spent")
+        pytest.skip(f"{_BUDGET_REASON} (NLI_JAX_TEST_BUDGET_S={_BUDGET_S:.0f} s) was spent")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line CI prints at the end: how many tests the budget skipped (0 is the goal)."""
+    if _BUDGET_S:
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if _BUDGET_REASON in str(r.longrepr)]
+        terminalreporter.write_line(f"time budget ({_BUDGET_S:.0f} s): {len(skipped)} test(s) not run")
 
 
 # Longest work first. Under xdist (--dist loadscope) a worker takes the next unit of work (a test

@@ -30,9 +30,13 @@ def test_a_spent_budget_skips_the_tests_left_and_names_the_reason():
     spent = run("0.000001")
     assert re.search(r"SKIPPED \[\d+\] .*not run: the suite's time budget \(NLI_JAX_TEST_BUDGET_S=", spent), spent
     assert " passed" not in spent.splitlines()[-1]
+    count = len(_collected("tests/test_metrics.py"))
+    assert f"time budget (0 s): {count} test(s) not run" in spent, spent
     for budget in (None, "3600"):
-        last = run(budget).splitlines()[-1]
+        out = run(budget)
+        last = out.splitlines()[-1]
         assert " passed" in last and "skipped" not in last, last
+        assert ("time budget (3600 s): 0 test(s) not run" in out) == (budget == "3600"), out
 
 
 def _collected(*arguments, env=None):
