@@ -2,11 +2,14 @@
 budgets and slices of the real data, and write what their JSON promises (figures, ratios as the
 quotients of their sides, the machine). Their results at full size are in docs/."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from benchmark_runs import assert_ratio, run_benchmark
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -324,12 +327,12 @@ def test_new_languages_decay(shared_data, tmp_path):
         (data / "id_corpus_sample" / name).write_bytes((shared_data / "id_corpus_sample" / name).read_bytes())
     (data / "nusax").symlink_to(shared_data / "nusax")
     work, languages = tmp_path / "work", ["javanese", "sundanese"]
-    _, result = run_benchmark("benchmarks.experiments.new_languages_decay", f"--workdir={work}", f"--data={data}",
-                              "--pretrain_minutes=0.05", "--calibration_steps=2", "--eval_every=10", "--decay_steps=4",
-                              "--evaluations=2", f"--languages={','.join(languages)}", "--heldout_examples=32",
-                              "--new_pieces=50", "--seeds=1", "--finetune_epochs=1", "--finetune_limit=32",
-                              "--finetune_max_seq_length=32", "--batch=8", "--vocab_size=1000", tmp_path=tmp_path,
-                              timeout=900)
+    command = ["benchmarks.experiments.new_languages_decay", f"--workdir={work}", f"--data={data}",
+               "--pretrain_minutes=0.05", "--calibration_steps=2", "--eval_every=10", "--decay_steps=4", "--evaluations=2",
+               f"--languages={','.join(languages)}", "--heldout_examples=32", "--new_pieces=50", "--seeds=1",
+               "--finetune_epochs=1", "--finetune_limit=32", "--finetune_max_seq_length=32", "--batch=8",
+               "--vocab_size=1000"]
+    _, result = run_benchmark(*command, tmp_path=tmp_path, timeout=900)
     for arm in ("wsd", "one_cycle"):  # equal minutes of training steps
         config = json.loads((work / "pretrain" / arm / "config.json").read_text())
         assert config["train"]["budget_minutes"] == 0.05 and result[arm]["curve"][-1]["step"] == result[arm]["steps"]
@@ -394,3 +397,9 @@ def test_new_languages_decay(shared_data, tmp_path):
             assert_ratio(result, name, numerator, denominator)
     report = (work / "report.md").read_text()
     assert "| c | 4 |" in report and "## Targets" in report and (work / "decay_curves.png").stat().st_size > 0
+    # Rerun: every stage is in report.json and nothing runs again; other sizes in the same workdir are refused.
+    _, again = run_benchmark(*command, tmp_path=tmp_path, timeout=300)
+    assert (again["decays"], again["finetune"], again["wsd"]) == (result["decays"], result["finetune"], result["wsd"])
+    refused = subprocess.run([sys.executable, "-m", *command, "--decay_steps=6"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode != 0 and "holds a run with other settings (decay_steps)" in refused.stderr
