@@ -448,8 +448,9 @@ def targets(state: dict, languages) -> dict:
                 "margins": [m for _, m in points], "behind_at": [s for s, m in points if m <= 0],
                 "languages_behind_at_final": [lang for lang in languages
                                               if c[-1]["languages"][lang] <= a[-1]["languages"][lang]]}
-    f1 = {"holds": None, "reason": "not fine-tuned (--finetune_epochs=0)"}
     fa, fc = state.get("finetune", {}).get("a"), state.get("finetune", {}).get("c")
+    f1 = {"holds": None, "reason": "not fine-tuned (--finetune_epochs=0)" if not (fa and fc) else
+          "no seed finished in every language for both runs (see the failures)"}
     if fa and fc and fa["local_mean"]["n"] and fc["local_mean"]["n"]:
         margin = fc["local_mean"]["mean"] - fa["local_mean"]["mean"]
         larger_sd = max(fa["local_mean"]["std"], fc["local_mean"]["std"])
