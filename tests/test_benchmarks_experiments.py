@@ -2,11 +2,14 @@
 budgets and slices of the real data, and write what their JSON promises (figures, ratios as the
 quotients of their sides, the machine). Their results at full size are in docs/."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from benchmark_runs import assert_ratio, run_benchmark
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -309,3 +312,94 @@ def test_zero_shot_experiment_scores_nusax_languages_against_the_majority(tmp_pa
     assert results["nusax_sundanese"]["majority_f1"] == pytest.approx(
         f1_score(gold, ["positive"] * len(gold), average="macro", zero_division=0))
     assert "| nusax_javanese |" in (tmp_path / "out" / "table.md").read_text()
+
+
+@pytest.mark.slow  # WSD and one-cycle for 3 s of steps each, three 4-step decays, six 32-example fine-tunes: ~1.5 minutes
+def test_new_languages_decay(shared_data, tmp_path):
+    """Issue 52's new-languages experiment on two languages: the decays' curves come from their own
+    checkpoints (the Indonesian held-out accuracy at each evaluation is the run's own), the fertility
+    is vocab_extension.json's, the F1 the fine-tuning runs', and the targets and ratios follow."""
+    if not (shared_data / "nusax" / "mt" / "valid.csv").is_file():
+        pytest.skip(f"no NusaX MT text at {shared_data / 'nusax' / 'mt'}")
+    data = tmp_path / "data"
+    (data / "id_corpus_sample").mkdir(parents=True)
+    for name in ("talpco.txt", "frog_storytelling.txt"):
+        (data / "id_corpus_sample" / name).write_bytes((shared_data / "id_corpus_sample" / name).read_bytes())
+    (data / "nusax").symlink_to(shared_data / "nusax")
+    work, languages = tmp_path / "work", ["javanese", "sundanese"]
+    command = ["benchmarks.experiments.new_languages_decay", f"--workdir={work}", f"--data={data}",
+               "--pretrain_minutes=0.05", "--calibration_steps=2", "--eval_every=10", "--decay_steps=4", "--evaluations=2",
+               f"--languages={','.join(languages)}", "--heldout_examples=32", "--new_pieces=50", "--seeds=1",
+               "--finetune_epochs=1", "--finetune_limit=32", "--finetune_max_seq_length=32", "--batch=8",
+               "--vocab_size=1000"]
+    _, result = run_benchmark(*command, tmp_path=tmp_path, timeout=900)
+    for arm in ("wsd", "one_cycle"):  # equal minutes of training steps
+        config = json.loads((work / "pretrain" / arm / "config.json").read_text())
+        assert config["train"]["budget_minutes"] == 0.05 and result[arm]["curve"][-1]["step"] == result[arm]["steps"]
+    verdict = result["wsd_vs_one_cycle"]
+    assert verdict["wsd_ahead"] == (verdict["wsd"] > verdict["one_cycle"]) and verdict["minutes"] == 0.05
+    decays = result["decays"]
+    for arm in ("a", "b", "c"):
+        decay = decays[arm]
+        assert decay["steps"] == result["decay_steps"] == 4
+        assert [p["step"] for p in decay["curve"]] == [0, 2, 4] == [0] + [h["step"] for h in decay["run_heldout"]]
+        for point, own in zip(decay["curve"][1:], decay["run_heldout"]):  # the checkpoint's parameters, scored again
+            assert point["indonesian"] == pytest.approx(own["mlm_accuracy_indonesian"], abs=1e-6)
+        for point in decay["curve"]:
+            assert set(point["languages"]) == {*languages, "nusax_indonesian"}
+            assert all(0 <= a <= 1 for a in point["languages"].values())
+            assert all(n > 0 for n in point["masked_tokens"].values())
+    # (a)'s held-out split is the Indonesian pairs alone: its loss at each evaluation is the run's own, to float
+    # precision, and moves from the start's (the parameters are each evaluation's, not the pre-decay ones).
+    losses = [p["indonesian_loss"] for p in decays["a"]["curve"]]
+    assert losses[1:] == pytest.approx([h["loss"] for h in decays["a"]["run_heldout"]], rel=1e-5)
+    assert losses[-1] != pytest.approx(losses[0], rel=1e-6)
+    assert [c.split("=")[0] for c in decays["a"]["corpus"]] == ["indonesian"]
+    assert [c.split("=")[0] for c in decays["c"]["corpus"]] == ["indonesian", *languages]
+    assert decays["a"]["curve"][0] == decays["b"]["curve"][0]  # the same pre-decay parameters and tokenizer
+    assert decays["c"]["tokenizer"] == str(work / "vocab_extended")
+    extension = json.loads((work / "vocab_extended" / "vocab_extension.json").read_text())
+    assert result["extension"]["fertility_train"] == extension["fertility"] and set(extension["fertility"]) == set(languages)
+    assert 0 < result["extension"]["new_pieces"] == len(extension["new_pieces"]) <= 50
+    for language in languages:  # the pieces trained on the training text shorten the validation text too
+        v = result["extension"]["fertility_validation"][language]
+        assert v["after"] < v["before"] and v["words"] > 0
+
+    def mean(values):
+        return sum(values) / len(values)
+    for arm in ("a", "b", "c"):
+        finetune = result["finetune"][arm]
+        f1 = {lang: json.loads((work / "finetune" / arm / lang / "seed_1" / "results.json").read_text())
+              ["splits"]["validation"]["f1"] for lang in languages}
+        assert {lang: finetune["languages"][lang]["values"] for lang in languages} == {l: [f] for l, f in f1.items()}
+        assert finetune["local_mean"]["mean"] == pytest.approx(mean(list(f1.values())))
+    local = {arm: [mean([p["languages"][lang] for lang in languages]) for p in decays[arm]["curve"]] for arm in decays}
+    accuracy = result["targets"]["c_ahead_of_a_local_accuracy_at_every_evaluation"]
+    margins = [c - a for a, c in zip(local["a"][1:], local["c"][1:])]
+    assert accuracy["margins"] == pytest.approx(margins) and accuracy["holds"] == all(m > 0 for m in margins)
+    f1_target = result["targets"]["c_ahead_of_a_local_f1_by_more_than_larger_sd"]
+    f1_means = {arm: result["finetune"][arm]["local_mean"]["mean"] for arm in ("a", "c")}
+    assert f1_target["margin"] == pytest.approx(f1_means["c"] - f1_means["a"]) and f1_target["larger_sd"] == 0.0
+    assert f1_target["holds"] == (f1_target["margin"] > 0)
+    quotients = {f"{arm}_over_a_local_accuracy_final": (local[arm][-1], local["a"][-1]) for arm in ("b", "c")}
+    quotients.update({f"{arm}_over_a_indonesian_accuracy_final": (decays[arm]["curve"][-1]["indonesian"],
+                                                                   decays["a"]["curve"][-1]["indonesian"])
+                      for arm in ("b", "c")})
+    quotients["c_over_a_local_f1"] = f1_means["c"], f1_means["a"]
+    quotients["wsd_over_one_cycle_final_mlm_accuracy"] = (result["wsd"]["curve"][-1]["mlm_accuracy"],
+                                                          result["one_cycle"]["curve"][-1]["mlm_accuracy"])
+    for name, (numerator, denominator) in quotients.items():  # a tiny run's held-out accuracy may be 0
+        if denominator == 0:
+            assert name not in result["ratios"]
+        elif numerator == 0:
+            assert result["ratios"][name] == 0
+        else:
+            assert_ratio(result, name, numerator, denominator)
+    report = (work / "report.md").read_text()
+    assert "| c | 4 |" in report and "## Targets" in report and (work / "decay_curves.png").stat().st_size > 0
+    # Rerun: every stage is in report.json and nothing runs again; other sizes in the same workdir are refused.
+    _, again = run_benchmark(*command, tmp_path=tmp_path, timeout=300)
+    assert (again["decays"], again["finetune"], again["wsd"]) == (result["decays"], result["finetune"], result["wsd"])
+    refused = subprocess.run([sys.executable, "-m", *command, "--decay_steps=6"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode != 0 and "holds a run with other settings (decay_steps)" in refused.stderr

@@ -10,6 +10,7 @@
     probe_pretrained            what a pretrained encoder learned: a context check and linear probes
     continued_pretraining_gain  MiniLM-L6 continued on Indonesian text, and what it buys downstream
     dynamics_and_calibration_indonli  data maps under label noise, calibration, the cost of recording
+    new_languages_decay         NusaX's local languages taught in a WSD decay, vocabulary extended or not (issue 52)
 
 docs/pretraining_id_corpus_sample.md, docs/continued_pretraining_id_corpus.md and
 docs/training_dynamics_and_calibration.md give their results.
