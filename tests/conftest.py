@@ -87,18 +87,21 @@ def pytest_collection_modifyitems(config, items):
 
 _RECORD = os.environ.get("NLI_JAX_RECORD_TEST_SECONDS")
 _seconds: dict[str, float] = {}
+_skipped: set[str] = set()  # a skipped test is no measurement: its recorded seconds stay
 
 
 def pytest_runtest_logreport(report):
     if _RECORD:  # in the controlling process, which sees every worker's reports
         _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+        if report.skipped:
+            _skipped.add(report.nodeid)
 
 
 def pytest_sessionfinish(session):
     if _RECORD and not hasattr(session.config, "workerinput") and _seconds:
         path = pathlib.Path(_RECORD)
         table = json.loads(path.read_text()) if path.exists() else {}
-        table.update({nodeid: round(s, 1) for nodeid, s in _seconds.items()})
+        table.update({nodeid: round(s, 1) for nodeid, s in _seconds.items() if nodeid not in _skipped})
         path.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")
 
 

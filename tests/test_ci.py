@@ -78,3 +78,8 @@ def test_a_run_records_each_tests_seconds_for_the_order(tmp_path):
     ran = [k for k in recorded if k.startswith("tests/test_metrics.py::")]
     assert sorted(ran) == sorted(_collected("tests/test_metrics.py")) and all(recorded[k] >= 0 for k in ran)
     assert recorded["tests/test_elsewhere.py::test_kept"] == 12.5  # earlier measurements kept
+    # A test the budget skips is no measurement: its recorded seconds stay as they were.
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "tests/test_metrics.py"],
+                   cwd=REPO, capture_output=True, text=True, env=dict(env, NLI_JAX_TEST_BUDGET_S="0.000001"),
+                   timeout=300, check=True)
+    assert json.loads(table.read_text()) == recorded
