@@ -34,20 +34,25 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
 
 # ----------------------------------------------------------------------------- the machine
 
-def describe() -> dict:
-    """{"cpu", "cores", "isa", "thp"} of this machine."""
-    model, flags = "", set()
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's entries of /proc/cpuinfo ({} where there is none)."""
+    entries = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for entry in f:
+                if not entry.strip():
+                    break  # the first processor's block ends
                 key, _, value = entry.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
+                entries.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return entries
+
+
+def describe() -> dict:
+    """{"cpu", "cores", "isa", "thp"} of this machine."""
+    info = _cpuinfo()
+    model, flags = info.get("model name", ""), set(info.get("flags", "").split())
     from nli_jax.cli.host_memory import thp_mode  # what the default host allocator can use
     return {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "isa": [f for f in ISA_FLAGS if f in flags], "thp": thp_mode()}
@@ -77,31 +82,23 @@ def cpu_peak(clock_ghz: float | None = None) -> dict:
 
 
 def _reported_clock_ghz() -> float:
-    for path in ("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",):
-        try:
-            with open(path, encoding="utf-8") as f:
-                return int(f.read().strip()) / 1e6  # kHz
-        except (OSError, ValueError):
-            pass
-    mhz = []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            mhz = [float(v.split(":")[1]) for v in f if v.startswith("cpu MHz")]
-    except (OSError, ValueError, IndexError):
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", encoding="utf-8") as f:
+            return int(f.read().strip()) / 1e6  # kHz
+    except (OSError, ValueError):
         pass
-    return max(mhz) / 1e3 if mhz else 0.0
+    try:
+        return float(_cpuinfo()["cpu MHz"]) / 1e3
+    except (KeyError, ValueError):
+        return 0.0
 
 
 def _cpu_family() -> int | None:
     """The CPU family from /proc/cpuinfo (AMD: 25 = Zen 3/4, 26 = Zen 5)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for entry in f:
-                if entry.startswith("cpu family"):
-                    return int(entry.split(":")[1])
-    except (OSError, ValueError):
-        pass
-    return None
+        return int(_cpuinfo()["cpu family"])
+    except (KeyError, ValueError):
+        return None
 
 
 def line() -> str:

@@ -17,6 +17,8 @@ import re
 
 import numpy as np
 
+from nli_jax.data.records import read_many
+
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
@@ -136,9 +138,7 @@ class MixtureSource:
             if not where:
                 continue
             inner = [located[k][1] for k in where]
-            get_many = getattr(source, "get_many", None)
-            rows = get_many(inner) if get_many else [source[i] for i in inner]
-            for k, row in zip(where, rows):
+            for k, row in zip(where, read_many(source, inner)):
                 out[k] = dict(row, idx=int(indices[k]))
         return out
 
