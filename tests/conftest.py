@@ -255,3 +255,20 @@ def nli_log():
     yield lines
     logger.removeHandler(handler)
     logger.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_nli_jax_logger():
+    """Each test starts with nli-jax's logger as it found it: a run set up in-process binds a stream
+    handler to the stderr of its test (pytest's capture of that test), which a later test in the
+    same worker would write its one-line errors to instead of its own stderr."""
+    import logging
+    logger = logging.getLogger("nli_jax")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    for handler in [h for h in logger.handlers if h not in handlers]:
+        logger.removeHandler(handler)
+        handler.close()
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
