@@ -145,11 +145,14 @@ SHIPPED = [
 
 # The slow suite (and so CI) compiles one recipe of each kind: the longest accumulation (ALBERT at
 # 512), BERT-large at 512 on a v3-8 and over 256 v5e chips (FSDP), large fine-tuning and tagging.
+# Tagging on the v3-8, where it fits with less room (16 GiB a core against a v4 chip's 32: 10.5 GiB
+# of headroom against 25.6) and compiles in half the time (107 s against 215); the v4 compiler is
+# exercised by the tiny v4-8 and v4-16 tests above.
 # The other 20 (about 4 minutes each on 2 loaded cores) run with `python -m pytest -m tpu_recipes`, as
 # before changing a recipe or what a model keeps in memory.
 IN_SLOW_SUITE = {("configs/pretrain/indobert_lite_base.py:phase=2", "v3-8"), ("configs/pretrain/indobert_large.py:phase=2", "v3-8"),
                  ("configs/pretrain/indobert_large.py:phase=2", "v5e-256"), ("configs/indonli_large.py", "v3-8"),
-                 ("configs/indonlu.py:task=posp,model=large", "v4-8")}
+                 ("configs/indonlu.py:task=posp,model=large", "v3-8")}
 assert IN_SLOW_SUITE <= {(c, t) for c, t, _ in SHIPPED}
 
 
