@@ -57,7 +57,18 @@ def pytest_terminal_summary(terminalreporter):
     """One line CI prints at the end: how many tests the budget skipped (0 is the goal)."""
     if _BUDGET_S:
         skipped = [r for r in terminalreporter.stats.get("skipped", []) if _BUDGET_REASON in str(r.longrepr)]
-        terminalreporter.write_line(f"time budget ({_BUDGET_S:.0f} s): {len(skipped)} test(s) not run")
+        terminalreporter.write_line(f"time budget ({_BUDGET_S:.0f} s): {len(skipped)} test(s) not run; "
+                                    f"seconds in tests by worker: {_busy_seconds(terminalreporter.stats)}")
+
+
+def _busy_seconds(stats) -> str:
+    """Each worker's seconds in setup, call and teardown ("gw0 1,402, gw1 1,390"): against the
+    session's time, what the order and the split between workers left idle."""
+    busy = {}
+    for report in (r for reports in stats.values() for r in reports if isinstance(r, pytest.TestReport)):
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+        busy[worker] = busy.get(worker, 0.0) + report.duration
+    return ", ".join(f"{worker} {seconds:,.0f}" for worker, seconds in sorted(busy.items())) or "none"
 
 
 # Longest work first. Under xdist (--dist loadscope) a worker takes the next unit of work (a test

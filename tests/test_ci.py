@@ -20,11 +20,11 @@ def test_ci_runs_the_readme_install_then_both_suites_in_one_session():
 
 
 def test_a_spent_budget_skips_the_tests_left_and_names_the_reason():
-    def run(budget):
+    def run(budget, *workers):
         env = {k: v for k, v in os.environ.items() if k != "NLI_JAX_TEST_BUDGET_S"}
         if budget is not None:
             env["NLI_JAX_TEST_BUDGET_S"] = budget
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=-ra", "-q",
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=-ra", "-q", *workers,
                                "tests/test_metrics.py"], cwd=REPO, capture_output=True, text=True, env=env,
                               timeout=300).stdout
     spent = run("0.000001")
@@ -37,6 +37,10 @@ def test_a_spent_budget_skips_the_tests_left_and_names_the_reason():
         last = out.splitlines()[-1]
         assert " passed" in last and "skipped" not in last, last
         assert ("time budget (3600 s): 0 test(s) not run" in out) == (budget == "3600"), out
+    assert re.search(r"seconds in tests by worker: main \d", out), out
+    # Under xdist, as CI runs: each worker's busy seconds (one file: one unit, on one worker).
+    out = run("3600", "-n", "2", "--dist", "loadscope")
+    assert re.search(r"0 test\(s\) not run; seconds in tests by worker: gw[01] \d+$", out, re.M), out
 
 
 def _collected(*arguments, env=None):
