@@ -250,12 +250,13 @@ def test_seeds_report_mean_and_std_of_the_calibration_measures(tmp_path):
         assert ece["std"] == pytest.approx(np.std(values, ddof=1)) and not math.isnan(ece["std"])
 
 
-@pytest.mark.slow  # MiniLM fine-tuned for 4 epochs on 1,000 real SmSA texts: 4 minutes
+@pytest.mark.slow  # MiniLM fine-tuned for 4 epochs on 400 real SmSA texts: a minute
 def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_data, minilm_dir, tmp_path):
-    """The cartography paper's finding, small: 5% of 1,000 SmSA training texts (real, IndoNLU)
-    get a wrong label, seeded; after 4 epochs of MiniLM the flipped ones fill the hard-to-learn
-    third and the lowest-confidence examples, and none is easy to learn. (Measured: 42 of the 50
-    in the hard third, 25 among the 50 lowest-confidence, 0 easy.) The IndoNLI version, at a
+    """The cartography paper's finding, small: 5% of 400 SmSA training texts (real, IndoNLU; their
+    first 32 tokens) get a wrong label, seeded; after 4 epochs of MiniLM the flipped ones fill the
+    hard-to-learn third and the lowest-confidence examples, and hardly any is easy to learn. (Measured:
+    16 of the 20 in the hard third, 7 among the 20 lowest-confidence, 1 easy; at 1,000 texts of 64
+    tokens, 3 minutes: 42 of 50, 25 of 50, 0.) The IndoNLI version, at a
     scale that learns (3,000 pairs), is benchmarks/experiments/dynamics_and_calibration_indonli.py:
     docs/training_dynamics_and_calibration.md. The same run's temperature, fitted on validation,
     lowers the validation NLL."""
@@ -264,9 +265,9 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     source.mkdir(parents=True)
     original = shared_data / "indonlu" / "smsa_doc-sentiment-prosa"
     rows = [line.rstrip("\n").split("\t") for line in
-            (original / "train_preprocess.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:1000]]
+            (original / "train_preprocess.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:400]]
     rng = random.Random(0)
-    flipped = set(rng.sample(range(len(rows)), 50))
+    flipped = set(rng.sample(range(len(rows)), len(rows) // 20))
     labels = ("positive", "neutral", "negative")
     with open(source / "train_preprocess.tsv", "w", encoding="utf-8") as f:
         for i, (text, label) in enumerate(rows):
@@ -277,8 +278,8 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     workdir = tmp_path / "run"
     command = [sys.executable, "-m", "finetune.main", "--config=configs/indonlu.py:task=smsa", f"--workdir={workdir}",
                f"--config.model.init={minilm_dir}", f"--config.data.source={tmp_path / 'src'}",
-               f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=64",
-               "--config.train.batch_size=32", "--config.train.num_epochs=4", "--config.optimizer.lr=1e-4",
+               f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=32",
+               "--config.train.batch_size=32", "--config.train.num_epochs=4", "--config.optimizer.lr=2e-4",
                "--config.train.early_stopping_patience=0", "--config.hooks.dynamics.enabled=True",
                "--config.eval_splits=validation"]
     for args in (command, [sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={workdir}"]):
@@ -295,7 +296,7 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     assert hard / hard_n > 1.6 * 0.05 and easy / easy_n < 0.05 / 2, (hard, hard_n, easy, easy_n)
     rows = [json.loads(line) for line in (maps / "cartography.jsonl").read_text().splitlines()]
     lowest = sorted(rows, key=lambda r: r["confidence"])[:len(flipped)]
-    assert sum(r["idx"] in flipped for r in lowest) >= 10  # 5 expected by chance
+    assert sum(r["idx"] in flipped for r in lowest) >= len(flipped) / 5  # 4 times the 5% chance gives
     validation = json.loads((workdir / "results.json").read_text())["splits"]["validation"]["calibration"]
     assert validation["temperature_scaled"]["nll"] <= validation["raw"]["nll"]
 
