@@ -74,13 +74,14 @@ def test_cpu_test_command_writes_results(tmp_path):
 
 @pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
 def test_real_indonli_tiny_model_overfits_256_pairs(shared_data, minilm_dir, tmp_path):
-    """Real data: 256 IndoNLI training pairs memorised to >= 95% train accuracy; every reported
-    accuracy equals the one recomputed from predictions.jsonl."""
+    """Real data: 256 IndoNLI training pairs memorised to >= 95% train accuracy (15 epochs at 3e-3:
+    1.000 measured, as 30 at 2e-3); every reported accuracy equals the one recomputed from
+    predictions.jsonl."""
     run(tmp_path, f"--config.data.source={shared_data / 'indonli'}", f"--config.model.tokenizer={minilm_dir}",
         "--config.data.max_train_examples=256", "--config.eval_splits=('train','validation')",
-        "--config.data.max_seq_length=128", "--config.train.num_epochs=30", "--config.optimizer.lr=2e-3",
+        "--config.data.max_seq_length=128", "--config.train.num_epochs=15", "--config.optimizer.lr=3e-3",
         # One evaluation, at the end: the reported (best) parameters are the final ones.
-        "--config.train.eval_every_steps=480", "--config.train.log_every_steps=80",
+        "--config.train.eval_every_steps=240", "--config.train.log_every_steps=80",
         "--config.model.overrides.hidden_dropout_prob=0.0",
         "--config.model.overrides.attention_probs_dropout_prob=0.0", "--config.model.overrides.classifier_dropout=0.0",
         timeout=900)
