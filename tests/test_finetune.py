@@ -166,7 +166,7 @@ def test_two_processes_of_two_devices_match_one_process(tmp_path):
     assert max(abs(records[k][0] - reference[k][0]) for k in records) <= 1e-5
 
 
-RESUME = ("--config.train.num_epochs=12", "--config.train.checkpoint_every_steps=20",
+RESUME = ("--config.train.num_epochs=6", "--config.train.checkpoint_every_steps=20",
           "--config.train.async_checkpointing=True", "--config.eval_splits=('validation',)",
           "--config.hooks.dynamics.enabled=True")
 
@@ -199,7 +199,7 @@ def _start_and_signal(workdir, sig, min_step):
 def _assert_same_final_state(workdir, reference):
     step_a, a = final_params(workdir)
     step_b, b = final_params(reference)
-    assert step_a == step_b == 216
+    assert step_a == step_b == 108
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (workdir, reference))
@@ -209,9 +209,9 @@ def _assert_same_final_state(workdir, reference):
     # Training dynamics: the same records as the uninterrupted run, every example once per epoch.
     records = dynamics_records(workdir)
     assert records == dynamics_records(reference)
-    # 216 steps of 16 = 11 epochs of the 300 examples (each once) and 156 examples of the 12th.
-    per_epoch = [sum(1 for e, _ in records if e == epoch) for epoch in range(12)]
-    assert per_epoch == [300] * 11 + [156] and len(records) == 216 * 16
+    # 108 steps of 16 = 5 epochs of the 300 examples (each once) and 228 examples of the 6th.
+    per_epoch = [sum(1 for e, _ in records if e == epoch) for epoch in range(6)]
+    assert per_epoch == [300] * 5 + [228] and len(records) == 108 * 16
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
