@@ -53,9 +53,16 @@ def _analyse(workdir, *flags):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_cartography_writes_statistics_data_map_and_subsets(run):
+@pytest.fixture(scope="module")
+def analysed(run):
+    """The cartography of the module's run, written once (`python -m nli_jax.analysis cartography`)
+    for the tests that read it."""
     workdir, _ = run
-    proc = _analyse(workdir)
+    return workdir, _analyse(workdir)
+
+
+def test_cartography_writes_statistics_data_map_and_subsets(analysed):
+    workdir, proc = analysed
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = workdir / "cartography"
     rows = [json.loads(line) for line in (out / "cartography.jsonl").read_text().splitlines()]
@@ -82,9 +89,9 @@ def test_cartography_writes_statistics_data_map_and_subsets(run):
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
-def test_training_on_a_cartography_subset(run, tmp_path):
-    workdir, _ = run
-    assert _analyse(workdir).returncode == 0
+def test_training_on_a_cartography_subset(analysed, tmp_path):
+    workdir, proc = analysed
+    assert proc.returncode == 0, proc.stderr[-3000:]
     subset = workdir / "cartography" / "ambiguous.jsonl"
     # The tiny model's ambiguous third of the fixture is one label (neutral), which a run refuses
     # unless told (planner: allow_one_label); what is tested here is the subset's way into training.
