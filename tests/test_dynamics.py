@@ -53,9 +53,16 @@ def _analyse(workdir, *flags):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_cartography_writes_statistics_data_map_and_subsets(run):
+@pytest.fixture(scope="module")
+def analysed(run):
+    """The cartography of the module's run, written once (`python -m nli_jax.analysis cartography`)
+    for the tests that read it."""
     workdir, _ = run
-    proc = _analyse(workdir)
+    return workdir, _analyse(workdir)
+
+
+def test_cartography_writes_statistics_data_map_and_subsets(analysed):
+    workdir, proc = analysed
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = workdir / "cartography"
     rows = [json.loads(line) for line in (out / "cartography.jsonl").read_text().splitlines()]
@@ -82,9 +89,9 @@ def test_cartography_writes_statistics_data_map_and_subsets(run):
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
-def test_training_on_a_cartography_subset(run, tmp_path):
-    workdir, _ = run
-    assert _analyse(workdir).returncode == 0
+def test_training_on_a_cartography_subset(analysed, tmp_path):
+    workdir, proc = analysed
+    assert proc.returncode == 0, proc.stderr[-3000:]
     subset = workdir / "cartography" / "ambiguous.jsonl"
     # The tiny model's ambiguous third of the fixture is one label (neutral), which a run refuses
     # unless told (planner: allow_one_label); what is tested here is the subset's way into training.
@@ -250,12 +257,13 @@ def test_seeds_report_mean_and_std_of_the_calibration_measures(tmp_path):
         assert ece["std"] == pytest.approx(np.std(values, ddof=1)) and not math.isnan(ece["std"])
 
 
-@pytest.mark.slow  # MiniLM fine-tuned for 4 epochs on 1,000 real SmSA texts: 4 minutes
+@pytest.mark.slow  # MiniLM fine-tuned for 4 epochs on 400 real SmSA texts: a minute
 def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_data, minilm_dir, tmp_path):
-    """The cartography paper's finding, small: 5% of 1,000 SmSA training texts (real, IndoNLU)
-    get a wrong label, seeded; after 4 epochs of MiniLM the flipped ones fill the hard-to-learn
-    third and the lowest-confidence examples, and none is easy to learn. (Measured: 42 of the 50
-    in the hard third, 25 among the 50 lowest-confidence, 0 easy.) The IndoNLI version, at a
+    """The cartography paper's finding, small: 5% of 400 SmSA training texts (real, IndoNLU; their
+    first 32 tokens) get a wrong label, seeded; after 4 epochs of MiniLM the flipped ones fill the
+    hard-to-learn third and the lowest-confidence examples, and hardly any is easy to learn. (Measured:
+    16 of the 20 in the hard third, 7 among the 20 lowest-confidence, 1 easy; at 1,000 texts of 64
+    tokens, 3 minutes: 42 of 50, 25 of 50, 0.) The IndoNLI version, at a
     scale that learns (3,000 pairs), is benchmarks/experiments/dynamics_and_calibration_indonli.py:
     docs/training_dynamics_and_calibration.md. The same run's temperature, fitted on validation,
     lowers the validation NLL."""
@@ -264,9 +272,9 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     source.mkdir(parents=True)
     original = shared_data / "indonlu" / "smsa_doc-sentiment-prosa"
     rows = [line.rstrip("\n").split("\t") for line in
-            (original / "train_preprocess.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:1000]]
+            (original / "train_preprocess.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[:400]]
     rng = random.Random(0)
-    flipped = set(rng.sample(range(len(rows)), 50))
+    flipped = set(rng.sample(range(len(rows)), len(rows) // 20))
     labels = ("positive", "neutral", "negative")
     with open(source / "train_preprocess.tsv", "w", encoding="utf-8") as f:
         for i, (text, label) in enumerate(rows):
@@ -277,8 +285,8 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     workdir = tmp_path / "run"
     command = [sys.executable, "-m", "finetune.main", "--config=configs/indonlu.py:task=smsa", f"--workdir={workdir}",
                f"--config.model.init={minilm_dir}", f"--config.data.source={tmp_path / 'src'}",
-               f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=64",
-               "--config.train.batch_size=32", "--config.train.num_epochs=4", "--config.optimizer.lr=1e-4",
+               f"--config.data.tfds_dir={tmp_path / 'tfds'}", "--config.data.max_seq_length=32",
+               "--config.train.batch_size=32", "--config.train.num_epochs=4", "--config.optimizer.lr=2e-4",
                "--config.train.early_stopping_patience=0", "--config.hooks.dynamics.enabled=True",
                "--config.eval_splits=validation"]
     for args in (command, [sys.executable, "-m", "nli_jax.analysis", "cartography", f"--workdir={workdir}"]):
@@ -295,7 +303,7 @@ def test_flipped_labels_gather_in_the_hard_to_learn_region_on_real_smsa(shared_d
     assert hard / hard_n > 1.6 * 0.05 and easy / easy_n < 0.05 / 2, (hard, hard_n, easy, easy_n)
     rows = [json.loads(line) for line in (maps / "cartography.jsonl").read_text().splitlines()]
     lowest = sorted(rows, key=lambda r: r["confidence"])[:len(flipped)]
-    assert sum(r["idx"] in flipped for r in lowest) >= 10  # 5 expected by chance
+    assert sum(r["idx"] in flipped for r in lowest) >= len(flipped) / 5  # 4 times the 5% chance gives
     validation = json.loads((workdir / "results.json").read_text())["splits"]["validation"]["calibration"]
     assert validation["temperature_scaled"]["nll"] <= validation["raw"]["nll"]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from configs import finetune_common, indonlu as indonlu_config
+from conftest import INDONLU_SMALL_ROWS, first_rows
 from nli_jax.data import indonlu, nli
 from nli_jax.data.readers import DataError
 from nli_jax.tasks.inferes import INFERES
@@ -119,10 +120,13 @@ def test_word_logits_average_subtokens():
 
 
 @pytest.fixture(scope="module")
-def benchmark_run(shared_data, tmp_path_factory):
+def benchmark_run(indonlu_small, tmp_path_factory):
+    """The benchmark runner on every task's real files cut to their first rows (conftest.indonlu_small;
+    the whole files' counts are test_indonlu_counts_match_table_1's): every format, reader, head and
+    metric end to end, at a few steps' and a few batches' cost."""
     from finetune import indonlu_benchmark
     workdir = tmp_path_factory.mktemp("indonlu_benchmark")
-    text = indonlu_benchmark.run("scratch", str(workdir), str(shared_data / "indonlu"), indonlu_config.TASKS,
+    text = indonlu_benchmark.run("scratch", str(workdir), str(indonlu_small), indonlu_config.TASKS,
                                  overrides=["train.max_steps=4", f"data.tfds_dir={workdir / 'tfds'}"], cpu_test=True)
     return workdir, text
 
@@ -134,7 +138,8 @@ def test_every_indonlu_task_trains_and_reports_its_metric(benchmark_run):
         results = json.loads((workdir / task / "results.json").read_text())
         assert results["primary_metric"] == "f1" and results["steps"] == 4
         validation = results["splits"]["validation"]
-        assert 0.0 <= validation["f1"] <= 1.0 and validation["count"] == TABLE_1[task][1]
+        # Every validation row evaluated (the cut files' rows: sentences of the tagging tasks).
+        assert 0.0 <= validation["f1"] <= 1.0 and validation["count"] == INDONLU_SMALL_ROWS[1]
         if task in ("posp", "bapos", "terma", "keps", "nergrit", "nerp", "facqa"):
             assert "token_accuracy" in validation and "by_type" in validation
         if task in ("casa", "hoasa"):
@@ -195,12 +200,17 @@ def _nli_config(task, shared_data, tmp_path, **data):
 
 
 def test_ocnli_reports_genre_and_level(shared_data, tmp_path):
+    """A run on OCNLI's real files, their first 300 rows (every genre and level among them; the whole
+    files' counts are test_nli_corpora_counts'), reports accuracy by genre and by level."""
     from nli_jax.pretraining.vocab import train_vocabulary
     from nli_jax.train.loop import train_and_evaluate
-    c = _nli_config("ocnli", shared_data, tmp_path, source=str(shared_data / "ocnli"), train_size="3k")
+    source = tmp_path / "ocnli"
+    for name in ("train.3k.json", "dev.json"):
+        first_rows(shared_data / "ocnli" / name, source / name, 300, "lines")
+    c = _nli_config("ocnli", shared_data, tmp_path, source=str(source), train_size="3k")
     # Chinese text needs a vocabulary with its characters: the Indonesian fixture's maps 95% of it
     # to [UNK], which the loop refuses.
-    with open(shared_data / "ocnli" / "train.3k.json", encoding="utf-8") as f, \
+    with open(source / "train.3k.json", encoding="utf-8") as f, \
             open(tmp_path / "sentences.txt", "w", encoding="utf-8") as out:
         for line in f:
             row = json.loads(line)
@@ -209,14 +219,17 @@ def test_ocnli_reports_genre_and_level(shared_data, tmp_path):
                                          min_frequency=1, limit_alphabet=3000)
     results = train_and_evaluate(c, str(tmp_path / "run"))
     validation = results["splits"]["validation"]
-    assert validation["count"] == 2950
+    assert validation["count"] == 298  # 2 of the 300 rows have label '-' (no gold label): dropped
     assert set(validation["by_level"]) == {"easy", "medium", "hard"}
     assert set(validation["by_genre"]) == {"gov", "news", "lit", "tv", "phone"}
 
 
 def test_inferes_validation_carved_and_topic_out_of_distribution(shared_data, tmp_path):
+    """On InferES's real training file, its first 600 rows (every topic and creation strategy among
+    them): validation carved from the topics trained on, topic 3 held out as its own split."""
     from nli_jax.train.loop import train_and_evaluate
-    c = _nli_config("inferes", shared_data, tmp_path, source=str(shared_data / "inferes"), holdout_topic="3",
+    first_rows(shared_data / "inferes" / "inferes_train.csv", tmp_path / "inferes" / "inferes_train.csv", 600, "csv")
+    c = _nli_config("inferes", shared_data, tmp_path, source=str(tmp_path / "inferes"), holdout_topic="3",
                     hypothesis_only=True)
     c.data.allow_overlap = True  # as configs/inferes.py: its validation split repeats training premises
     results = train_and_evaluate(c, str(tmp_path / "run"))
@@ -230,12 +243,22 @@ def test_inferes_validation_carved_and_topic_out_of_distribution(shared_data, tm
 
 @pytest.mark.slow  # end to end, minutes: python -m pytest -m slow
 def test_translate_train_trains_on_mt_and_evaluates_on_indonli(shared_data, tmp_path):
+    """The task reads every machine-translated pair (10,330); mixed, every IndoNLI training pair too
+    (on the real files' first rows; IndoNLI's whole count is tests/test_data.py's); a run on those
+    rows (each split its own count) trains on both and evaluates on IndoNLI's validation split, not
+    on the machine-translated dev."""
     from conftest import task_for
     from nli_jax.train.loop import train_and_evaluate
     c = _nli_config("indonli_translate_train", shared_data, tmp_path, source=str(shared_data / "indonli"),
                     translate_train_source=str(shared_data / "indonli_translate_train_small"))
     assert len(task_for(c).load()["train"]) == 10330
     c.task_options.mix_indonli_train = True
-    assert len(task_for(c).load()["train"]) == 10330 + 10330
+    small = tmp_path / "small"
+    for folder, name, rows in (("indonli", "train.jsonl", 96), ("indonli", "val.jsonl", 48),
+                               ("indonli_translate_train_small", "train.jsonl", 64),
+                               ("indonli_translate_train_small", "dev.jsonl", 40)):
+        first_rows(shared_data / folder / name, small / folder / name, rows, "lines")
+    c.data.source, c.task_options.translate_train_source = str(small / "indonli"), str(small / "indonli_translate_train_small")
+    assert len(task_for(c).load()["train"]) == 64 + 96
     results = train_and_evaluate(c, str(tmp_path / "run"))
-    assert results["splits"]["validation"]["count"] == 2197
+    assert results["splits"]["validation"]["count"] == 48
