@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from benchmark_runs import assert_ratio, run_benchmark
+from benchmark_runs import assert_ratio, run_benchmark, tiny_bert_dir  # noqa: F401  (a fixture)
 from conftest import REPO
 
 BENCHMARKS = REPO / "benchmarks"
@@ -135,9 +135,9 @@ def test_device_check_tiny(tmp_path):
     assert proc.stdout.count("the loop's own step |") == 4 and "MFU" in proc.stdout
 
 
-@pytest.mark.slow  # MiniLM-L6 compiled three times, PyTorch beside it: ~30 s
-def test_encoder_vs_torch(tmp_path, minilm_dir):
-    proc, result = run_benchmark("benchmarks.encoder_vs_torch", f"--model={minilm_dir}", "--shapes=2x16",
+@pytest.mark.slow  # a tiny BERT checkpoint compiled three times, PyTorch beside it: ~20 s
+def test_encoder_vs_torch(tmp_path, tiny_bert_dir):
+    proc, result = run_benchmark("benchmarks.encoder_vs_torch", f"--model={tiny_bert_dir}", "--shapes=2x16",
                                  "--rounds=2", "--repeats=1", tmp_path=tmp_path)
     row = result["shapes"]["2x16"]
     assert "Python API forward, no mesh" in proc.stdout
@@ -194,11 +194,13 @@ def test_bucket_padding(tmp_path, shared_data, minilm_dir):
 # --- whole runs: fine-tuning against transformers, compilation, processes ------------------------
 
 @pytest.mark.slow  # end to end, tens of seconds
-def test_finetune_vs_transformers_on_real_indonli(tmp_path, shared_data, minilm_dir):
+def test_finetune_vs_transformers_on_real_indonli(tmp_path, shared_data, tiny_bert_dir):
+    """Both sides fine-tune a BERT checkpoint directory (MiniLM-L6's vocabulary, the tiny-bert shape)
+    on the same real IndoNLI pairs: each side's figures and their ratios."""
     indonli = shared_data / "indonli"
     if not (indonli / "train.jsonl").is_file() or not (indonli / "val.jsonl").is_file():
         pytest.skip(f"IndoNLI train.jsonl / val.jsonl not found in {indonli}")
-    proc, result = run_benchmark("benchmarks.finetune_vs_transformers", f"--model={minilm_dir}", f"--data={indonli}",
+    proc, result = run_benchmark("benchmarks.finetune_vs_transformers", f"--model={tiny_bert_dir}", f"--data={indonli}",
                                  "--train_pairs=32", "--eval_pairs=32", "--max_seq_length=64", "--seeds=1",
                                  "--epochs=1", "--batch_size=16", f"--workdir={tmp_path / 'work'}", tmp_path=tmp_path)
     assert "nli-jax / transformers" in proc.stdout
@@ -259,10 +261,10 @@ def test_finetune_vs_transformers_from_a_random_checkpoint_of_each_family(tmp_pa
 
 
 @pytest.mark.slow  # end to end, tens of seconds
-def test_finetune_vs_transformers_on_real_nerp(tmp_path, shared_data, minilm_dir):
+def test_finetune_vs_transformers_on_real_nerp(tmp_path, shared_data, tiny_bert_dir):
     """The tagging side: nli-jax's NERP run (packed) against the token-classification loop, the
-    same sentences, F1 on both, each run's peak RSS."""
-    proc, result = run_benchmark("benchmarks.finetune_vs_transformers", "--task=nerp", f"--model={minilm_dir}",
+    same sentences, F1 on both, each run's peak RSS (a tiny BERT checkpoint with MiniLM-L6's vocabulary)."""
+    proc, result = run_benchmark("benchmarks.finetune_vs_transformers", "--task=nerp", f"--model={tiny_bert_dir}",
                                  f"--data={shared_data / 'indonlu'}", "--train_pairs=32", "--eval_pairs=24",
                                  "--max_seq_length=64", "--seeds=1", "--batch_size=16", "--eval_batch_size=16",
                                  f"--workdir={tmp_path / 'work'}", tmp_path=tmp_path)
@@ -289,10 +291,11 @@ def test_compilation_cache(tmp_path):
         assert_ratio(result, f"cold_over_{name}_compile_s", runs["cold"]["seconds"], runs[name]["seconds"])
 
 
-@pytest.mark.slow  # four 2-process cpu_test runs: a minute or two
+@pytest.mark.slow  # four 2-process cpu_test runs of 8 steps: about a minute
 def test_multiprocess_steps(tmp_path):
-    """This checkout against itself as the peer, alternating: both rates and their ratio."""
-    _, result = run_benchmark("benchmarks.multiprocess_steps", "--steps=24", "--log_every=6", "--repeats=2",
+    """This checkout against itself as the peer, alternating: both rates and their ratio (each rate
+    from the log interval after the first, steps 4 to 8)."""
+    _, result = run_benchmark("benchmarks.multiprocess_steps", "--steps=8", "--log_every=4", "--repeats=2",
                               f"--peer_repo={REPO}", tmp_path=tmp_path, timeout=1200)
     sides = result["sides"]
     for side in ("repo", "peer_repo"):

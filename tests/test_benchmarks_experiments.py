@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmark_runs import assert_ratio, run_benchmark
+from benchmark_runs import assert_ratio, run_benchmark, tiny_bert_dir  # noqa: F401  (a fixture)
 from conftest import REPO
 
 
@@ -43,15 +43,17 @@ def test_pretrain_recipe_search(recipe_run):
     assert (work / "runs" / "bert" / "export" / "vocab.txt").is_file()
 
 
-@pytest.mark.slow  # a few ELECTRA-small steps after the BERT cell: a minute or two
+@pytest.mark.slow  # a few steps of ELECTRA-small's width at 2 layers after the BERT cell: ~30 s
 def test_electra_vs_bert(recipe_run, tmp_path):
-    """ELECTRA-small gets the steps its budget buys at the given rate, both held-out curves come
-    with their wall times, and the plot is written."""
+    """ELECTRA-small (its width, --layers=2 of its 12) gets the steps its budget buys at the given
+    rate, both held-out curves come with their wall times, and the plot is written."""
     work, data, _ = recipe_run
     proc, result = run_benchmark("benchmarks.experiments.electra_vs_bert", f"--workdir={work}", f"--data={data}",
                                  f"--bert_run={work / 'runs' / 'bert'}", "--seconds=10", "--seconds_per_step=1.0",
-                                 "--evaluations=2", tmp_path=tmp_path, timeout=900)
+                                 "--evaluations=2", "--layers=2", tmp_path=tmp_path, timeout=900)
     assert "-> 8 steps" in proc.stdout  # 10 s at 1 s a step, 2 evaluations
+    export = json.loads((work / "runs" / "electra_cpu_learn" / "export" / "config.json").read_text())
+    assert (export["num_hidden_layers"], export["hidden_size"], export["embedding_size"]) == (2, 256, 128)
     assert [r["step"] for r in result["bert"]] == [10, 20]
     assert [r["step"] for r in result["electra"]] == [4, 8]
     for row in result["bert"] + result["electra"]:
@@ -83,15 +85,16 @@ def test_pretrain_vs_transformers(recipe_run, tmp_path):
     assert (work / "pretrain_vs_transformers.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # four short SmSA fine-tunes: about two minutes
-def test_downstream_gain(recipe_run, shared_data, tmp_path):
+@pytest.mark.slow  # four short SmSA fine-tunes on IndoNLU's first rows: about a minute
+def test_downstream_gain(recipe_run, shared_data, indonlu_small, tmp_path):
     """The export's arm loads its weights, the random arm has its shape and vocabulary; every
     (arm, seed) run is reported with the mean, sd and verdict."""
     work, _, _ = recipe_run
     export = work / "runs" / "bert" / "export"
     down = tmp_path / "down"
+    data = _small_data(shared_data, indonlu_small, tmp_path)
     proc, result = run_benchmark("benchmarks.experiments.downstream_gain", f"--export={export}",
-                                 f"--workdir={down}", f"--data={shared_data}", "--tasks=smsa", "--seeds=1,2",
+                                 f"--workdir={down}", f"--data={data}", "--tasks=smsa", "--seeds=1,2",
                                  "--epochs=smsa=1", "--train_limit=64", "--max_seq_length=32", tmp_path=tmp_path,
                                  timeout=900)
     assert sorted((r["arm"], r["seed"]) for r in result["runs"]) == [("pretrained", 1), ("pretrained", 2),
@@ -144,13 +147,13 @@ def _small_data(shared_data, indonlu_small, root):
     return root / "data"
 
 
-@pytest.mark.slow  # a 20-step pretraining and two SmSA fine-tunes of 64 examples: ~2 minutes
+@pytest.mark.slow  # a 20-step pretraining 64 wide and two SmSA fine-tunes of 64 examples: ~30 s
 def test_pretrain_id_corpus(shared_data, indonlu_small, tmp_path):
     data = _small_data(shared_data, indonlu_small, tmp_path)
     work = tmp_path / "work"
     _, result = run_benchmark("benchmarks.experiments.pretrain_id_corpus", f"--workdir={work}", f"--data={data}",
-                              "--steps=20", "--batch=8", "--vocab_size=1000", "--finetune_epochs=smsa=1",
-                              "--train_limit=64", tmp_path=tmp_path, timeout=900)
+                              "--steps=20", "--batch=8", "--vocab_size=1000", "--hidden_size=64",
+                              "--finetune_epochs=smsa=1", "--train_limit=64", tmp_path=tmp_path, timeout=900)
     assert result["steps"] == 20 and list(result["heldout_mlm_accuracy"]) == ["20"]
     scores = result["scores"]
     assert set(scores) == {"smsa/pretrained", "smsa/random"} and all(0 < s["f1"] <= 100 for s in scores.values())
@@ -158,12 +161,14 @@ def test_pretrain_id_corpus(shared_data, indonlu_small, tmp_path):
     assert "| smsa | 1 |" in (work / "report.md").read_text()
 
 
-@pytest.mark.slow  # MiniLM-L6 continued 4 steps, then two 4-step SmSA fine-tunes: ~3 minutes
-def test_continued_pretraining_gain(shared_data, indonlu_small, minilm_dir, tmp_path):
+@pytest.mark.slow  # a tiny BERT continued 4 steps, then two 4-step SmSA fine-tunes: ~40 s
+def test_continued_pretraining_gain(shared_data, indonlu_small, tiny_bert_dir, tmp_path):
+    """A BERT checkpoint (MiniLM-L6's vocabulary, the tiny-bert shape) continued on the corpus, its
+    held-out curve, and both arms fine-tuned: the report's ratios are the runs' own quotients."""
     data = _small_data(shared_data, indonlu_small, tmp_path)
     work = tmp_path / "work"
     _, result = run_benchmark("benchmarks.experiments.continued_pretraining_gain", f"--workdir={work}",
-                              f"--data={data}", f"--init={minilm_dir}", "--pretrain_steps=4", "--evaluations=2",
+                              f"--data={data}", f"--init={tiny_bert_dir}", "--pretrain_steps=4", "--evaluations=2",
                               "--heldout_examples=16", "--finetune=smsa:4", "--seeds=1", "--max_seq_length=32",
                               "--batch=8", tmp_path=tmp_path, timeout=900)
     assert result["pretrain"]["steps"] == 4 and [c[0] for c in result["pretrain"]["curve"]] == [2, 4]
@@ -177,12 +182,12 @@ def test_continued_pretraining_gain(shared_data, indonlu_small, minilm_dir, tmp_
     assert (work / "heldout_mlm_accuracy.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # two MiniLM-L6 fine-tunes of 96 pairs through finetune.main, a data map: ~a minute
-def test_dynamics_and_calibration_indonli(shared_data, minilm_dir, tmp_path):
+@pytest.mark.slow  # two tiny-BERT fine-tunes of 96 pairs through finetune.main, a data map: ~30 s
+def test_dynamics_and_calibration_indonli(shared_data, tiny_bert_dir, tmp_path):
     if not (shared_data / "indonli" / "train.jsonl").is_file():
         pytest.skip(f"{shared_data / 'indonli'} has no train.jsonl")
     _, result = run_benchmark("benchmarks.experiments.dynamics_and_calibration_indonli", f"--data={shared_data}",
-                              f"--workdir={tmp_path / 'work'}", f"--model={minilm_dir}", "--train_pairs=96",
+                              f"--workdir={tmp_path / 'work'}", f"--model={tiny_bert_dir}", "--train_pairs=96",
                               "--test_pairs=32", "--val_pairs=32", "--epochs=2", "--max_seq_length=32", "--batch=8",
                               tmp_path=tmp_path, timeout=900)
     assert result["flipped"] == 5  # 5% of 96
@@ -314,7 +319,7 @@ def test_zero_shot_experiment_scores_nusax_languages_against_the_majority(tmp_pa
     assert "| nusax_javanese |" in (tmp_path / "out" / "table.md").read_text()
 
 
-@pytest.mark.slow  # WSD and one-cycle for 3 s of steps each, three 4-step decays, six 32-example fine-tunes: ~1.5 minutes
+@pytest.mark.slow  # WSD and one-cycle for 1.2 s of steps each, three 4-step decays, six 32-example fine-tunes: ~1.5 minutes
 def test_new_languages_decay(shared_data, tmp_path):
     """Issue 52's new-languages experiment on two languages: the decays' curves come from their own
     checkpoints (the Indonesian held-out accuracy at each evaluation is the run's own), the fertility
@@ -328,16 +333,16 @@ def test_new_languages_decay(shared_data, tmp_path):
     (data / "nusax").symlink_to(shared_data / "nusax")
     work, languages = tmp_path / "work", ["javanese", "sundanese"]
     command = ["benchmarks.experiments.new_languages_decay", f"--workdir={work}", f"--data={data}",
-               "--pretrain_minutes=0.05", "--calibration_steps=2", "--eval_every=10", "--decay_steps=4", "--evaluations=2",
+               "--pretrain_minutes=0.02", "--calibration_steps=2", "--eval_every=10", "--decay_steps=4", "--evaluations=2",
                f"--languages={','.join(languages)}", "--heldout_examples=32", "--new_pieces=50", "--seeds=1",
                "--finetune_epochs=1", "--finetune_limit=32", "--finetune_max_seq_length=32", "--batch=8",
                "--vocab_size=1000"]
     _, result = run_benchmark(*command, tmp_path=tmp_path, timeout=900)
     for arm in ("wsd", "one_cycle"):  # equal minutes of training steps
         config = json.loads((work / "pretrain" / arm / "config.json").read_text())
-        assert config["train"]["budget_minutes"] == 0.05 and result[arm]["curve"][-1]["step"] == result[arm]["steps"]
+        assert config["train"]["budget_minutes"] == 0.02 and result[arm]["curve"][-1]["step"] == result[arm]["steps"]
     verdict = result["wsd_vs_one_cycle"]
-    assert verdict["wsd_ahead"] == (verdict["wsd"] > verdict["one_cycle"]) and verdict["minutes"] == 0.05
+    assert verdict["wsd_ahead"] == (verdict["wsd"] > verdict["one_cycle"]) and verdict["minutes"] == 0.02
     decays = result["decays"]
     for arm in ("a", "b", "c"):
         decay = decays[arm]

@@ -61,9 +61,13 @@ def eval_times(train_log: str) -> tuple[float, dict[int, float]]:
     return last, times
 
 
-def electra_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int):
-    return pretrain_vs_transformers.cpu_learn_config(vocab_dir, examples_dir, steps, eval_every, model="electra_small",
-                                                     checkpoint_every=eval_every, log_every=max(1, min(100, eval_every)))
+def electra_config(vocab_dir: str, examples_dir: str, steps: int, eval_every: int, layers: int = 0):
+    """ELECTRA-small's cpu_learn config; `layers` > 0: that many layers instead of its 12 (smoke runs)."""
+    c = pretrain_vs_transformers.cpu_learn_config(vocab_dir, examples_dir, steps, eval_every, model="electra_small",
+                                                  checkpoint_every=eval_every, log_every=max(1, min(100, eval_every)))
+    if layers:
+        c.model.overrides.num_hidden_layers = layers
+    return c
 
 
 def main():
@@ -76,6 +80,8 @@ def main():
     parser.add_argument("--calibration_steps", type=int, default=60)
     parser.add_argument("--seconds_per_step", type=float, default=0, help="skip the calibration run: this rate")
     parser.add_argument("--png", default="", help="default: <workdir>/electra_vs_bert.png")
+    parser.add_argument("--layers", type=int, default=0, help="ELECTRA-small's width at this depth (default: its 12; "
+                        "smoke runs)")
     args = parser.parse_args()
     print(harness.line(), flush=True)
     harness.quiet_absl()
@@ -98,7 +104,7 @@ def main():
     if not seconds_per_step:
         calibration = os.path.join(args.workdir, "runs", "electra_calibration")
         shutil.rmtree(calibration, ignore_errors=True)
-        c = electra_config(vocab_dir, examples_dir, args.calibration_steps, args.calibration_steps)
+        c = electra_config(vocab_dir, examples_dir, args.calibration_steps, args.calibration_steps, args.layers)
         c.train.log_every_steps = max(1, args.calibration_steps // 3)
         c.export_final = False
         train_and_evaluate(c, calibration)
@@ -114,7 +120,7 @@ def main():
 
     electra_dir = os.path.join(args.workdir, "runs", "electra_cpu_learn")
     shutil.rmtree(electra_dir, ignore_errors=True)  # a leftover run would resume
-    c = electra_config(vocab_dir, examples_dir, steps, eval_every)
+    c = electra_config(vocab_dir, examples_dir, steps, eval_every, args.layers)
     # The BERT run warms up over its first tenth (1,000 of 10,000 steps); so does this shorter run.
     c.optimizer.warmup_steps = max(1, steps // 10)
     started = time.time()
