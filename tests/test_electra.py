@@ -273,11 +273,9 @@ def test_a_generator_larger_than_the_discriminator_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # end to end, tens of seconds: python -m pytest -m slow
-def test_an_electra_init_of_another_model_type_is_refused(tmp_path, electra_run):
-    bert = tmp_path / "bert"
-    _run("pretrain.main", "--config=configs/pretrain/indobert_base.py:cpu_test", f"--workdir={bert}",
-         "--config.train.max_steps=2")
-    stderr = _refusal(tmp_path / "w", f"--config.model.init={bert / 'export'}",
+def test_an_electra_init_of_another_model_type_is_refused(tmp_path, electra_run, minilm_dir):
+    # a BERT checkpoint (MiniLM-L6, with its own tokenizer) for ELECTRA's phase 2
+    stderr = _refusal(tmp_path / "w", f"--config.model.init={minilm_dir}", "--config.model.tokenizer=",
                       config="configs/pretrain/electra_small.py:phase=2,cpu_test")
     assert "model_type 'bert'" in stderr and "electra" in stderr
     # and a BERT preset for ELECTRA pretraining

@@ -113,15 +113,29 @@ def _examples(config, split):
     return sorted((source[i] for i in range(len(source))), key=lambda e: int(e["idx"]))
 
 
-def _transformers_logits(model, features):
-    """A transformers model's logits for nli-jax-encoded examples, one example at a time."""
+def _padded(features, pad_id):
+    """The examples' input_ids, attention_mask and token_type_ids as one batch, padded at the end
+    to the longest (the mask zero there); their lengths."""
+    lengths = [len(f["input_ids"]) for f in features]
+    batch = {k: np.zeros((len(features), max(lengths)), np.int64)
+             for k in ("input_ids", "attention_mask", "token_type_ids")}
+    batch["input_ids"][:] = pad_id
+    for row, (f, n) in enumerate(zip(features, lengths)):
+        batch["input_ids"][row, :n] = f["input_ids"]
+        batch["attention_mask"][row, :n] = 1
+        batch["token_type_ids"][row, :n] = f["token_type_ids"]
+    return batch, lengths
+
+
+def _transformers_logits(model, features, pad_id):
+    """A transformers model's logits for nli-jax-encoded examples, as one padded batch (one call:
+    a call per example cost a minute a family); each example's own rows of them."""
     import torch
-    out = []
+    batch, lengths = _padded(features, pad_id)
     with torch.no_grad():
-        for f in features:
-            ids = torch.tensor(f["input_ids"][None].astype(np.int64))
-            out.append(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float().numpy())
-    return out
+        logits = model(input_ids=torch.tensor(batch["input_ids"]),
+                       attention_mask=torch.tensor(batch["attention_mask"])).logits.float().numpy()
+    return [x[:n] if x.ndim == 2 else x for x, n in zip(logits, lengths)]  # token logits: the real tokens'
 
 
 def _check_export(family, task, config, workdir):
@@ -148,15 +162,16 @@ def _check_export(family, task, config, workdir):
         base, info = transformers.AutoModel.from_pretrained(export, output_loading_info=True)
         assert type(base).__name__ == f"{prefix}Model" and not info["missing_keys"], (family, task, info)
         model = nli_jax.from_pretrained(str(export), task="multi_aspect_classification")
-        for f, record in zip(features, ours):
-            logits = np.asarray(model(f["input_ids"][None], f["attention_mask"][None], f["token_type_ids"][None]))[0]
+        batch, _ = _padded(features, tokenizer.pad_token_id)  # one call: eagerly, one per example took a minute
+        all_logits = np.asarray(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]))
+        for logits, record in zip(all_logits, ours):
             assert record["prediction"] == {a: labels[i] for a, i in zip(bound.aspects, logits.argmax(-1))}, task
         return
     auto = transformers.AutoModelForTokenClassification if tagging else transformers.AutoModelForSequenceClassification
     model = auto.from_pretrained(export).eval()
     head = "TokenClassification" if tagging else "SequenceClassification"
     assert type(model).__name__ == f"{prefix}For{head}", (family, task, type(model).__name__)
-    logits = _transformers_logits(model, features)
+    logits = _transformers_logits(model, features, tokenizer.pad_token_id)
     if tagging:  # word logits: the mean of each word's sub-token logits, as the run's
         for e, f, token_logits, record in zip(examples, features, logits, ours):
             words = len(f["word_mask"])

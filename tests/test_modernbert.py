@@ -606,6 +606,7 @@ for name, shape in meshes.items():
     config.mesh.shape = dict(shape)
     config.data.tfds_dir = root + "/tfds"
     config.data.packing = False  # the same rows on every mesh (tests/test_sharding.py)
+    config.data.pad_to_max_length = True  # one shape: each step compiled once a mesh, not once a bucket
     config.train.max_steps = 6
     config.train.log_every_steps = 1
     config.eval_splits = ("validation",)
