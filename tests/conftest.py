@@ -1,5 +1,6 @@
 import atexit
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -36,6 +37,13 @@ SHARED_DATA = pathlib.Path(os.environ.get("NLI_JAX_SHARED_DATA", REPO.parent / "
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end tests (minutes); select with -m slow")
+    # Under xdist each worker's in-process torch (the reference models) gets its share of the cores:
+    # with torch's default of every core, two workers on two cores left its threads waiting on each
+    # other (a plateau-toy step: 716 ms on 2 threads beside the other worker, 18.5 ms on 1).
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1 and importlib.util.find_spec("torch") is not None:
+        import torch  # late: only xdist workers pay its import here
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 # CI gives the whole of .ci/run a fixed time, and a run that overruns it counts for nothing: with

@@ -324,18 +324,7 @@ def test_sigkill_during_pretraining_then_rerun_is_exact(tmp_path):
     assert_same_parameters(work, tmp_path / "reference", 60)
 
 
-@pytest.fixture()
-def one_torch_thread():
-    """torch on one thread for the test: its ops here are small, so a second thread costs more in
-    hand-offs than it gives, and under xdist (-n 2 on 2 cores) the other core runs the other worker."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path, one_torch_thread):
+def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path):
     """The loop's pretraining step (task loss, AdamW with its decay mask, clipping, warmup + linear
     decay) against BertForPreTraining + torch.optim.AdamW from the same initial weights on the same
     masked batches, dropout off: the per-step MLM losses and the final weights must agree. This is
@@ -424,7 +413,7 @@ def test_pretraining_steps_follow_transformers_and_torch_adamw(tmp_path, one_tor
 
 
 @pytest.mark.slow  # end to end, a minute on 2 cores: python -m pytest -m slow
-def test_mlm_leaves_its_plateau_as_transformers_does(one_torch_thread):
+def test_mlm_leaves_its_plateau_as_transformers_does():
     """Past the 60 plateau steps above: on a toy MLM task only context solves (predict a masked
     token whose neighbour holds it), nli-jax's ForMaskedLM and transformers' BertForMaskedLM, from the
     same weights on the same batches, both leave the uniform-loss plateau (ln 1990 = 7.6) and agree
