@@ -123,6 +123,7 @@ def test_packed_evaluation_predicts_what_padded_evaluation_predicts(tmp_path, sh
 
 
 NERP_ASSIGNMENTS = ("data.max_seq_length=128", "train.eval_batch_size=16", "model.dtype=float32")
+NERP_SENTENCES = 100  # validation sentences compared, packed and padded (7 padded batches of 16)
 
 
 def _nerp_run(tmp_path, shared_data, minilm_dir, packing):
@@ -137,7 +138,7 @@ def test_packed_tagging_word_logits_equal_the_padded_ones(tmp_path, shared_data,
     for packing in (True, False):
         run = _nerp_run(tmp_path, shared_data, minilm_dir, packing)
         assert run.batching.eval_packing_groups == (1 if packing else 0)
-        source = pipeline.Subset(run.splits["validation"], range(200))
+        source = pipeline.Subset(run.splits["validation"], range(NERP_SENTENCES))
         evaluations[packing] = run.evaluator.evaluate(run.params, "validation", source)
         data = run.evaluator._splits["validation"]
         dummy = dict(data.encode(data.examples[0]), idx=np.int32(-1))
@@ -151,7 +152,7 @@ def test_packed_tagging_word_logits_equal_the_padded_ones(tmp_path, shared_data,
                 if idx >= 0:
                     per_example[int(idx)] = (logits[i], batch["word_mask"][i])
         word_logits[packing] = per_example
-    assert sorted(word_logits[True]) == sorted(word_logits[False]) and len(word_logits[True]) == 200
+    assert sorted(word_logits[True]) == sorted(word_logits[False]) and len(word_logits[True]) == NERP_SENTENCES
     for idx in word_logits[True]:
         (packed, mask), (padded, padded_mask) = word_logits[True][idx], word_logits[False][idx]
         n = int(padded_mask.sum())

@@ -50,6 +50,7 @@ for name, shape in meshes.items():
     # Padded rows: the same rows and dropout masks on every mesh. Packed rows are laid out per
     # data-parallel shard, so masks fall differently when that size changes (data8 vs data2_*).
     config.data.packing = False
+    config.data.pad_to_max_length = True  # one shape: each step compiled once a mesh, not once a bucket
     workdir = f"{root}/{name}"
     loop.train_and_evaluate(config, workdir)
     state = kept.pop()
