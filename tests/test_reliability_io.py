@@ -6,6 +6,7 @@ machine refuses (a read-only file system, a full disk, too many open files) and 
 tracebacks. Each case runs the real command or the real function."""
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -487,8 +488,11 @@ def test_a_file_size_limit_is_one_line(tmp_path):
     assert len(proc.stderr.splitlines()) < 20, proc.stderr[-3000:]
 
 
-def test_environment_errors_are_one_line_naming_the_file(capsys):
+def test_environment_errors_are_one_line_naming_the_file(capsys, monkeypatch):
     from nli_jax.cli import _reporting_input_errors
+    # No run's log here: a run set up earlier in this worker (a module's fixture) left a handler
+    # bound to the stderr of its own test, where this one's line would go instead of this test's.
+    monkeypatch.setattr(logging.getLogger("nli_jax"), "handlers", [])
     cases = {errno.EROFS: "cannot write /w/x: read-only file system", errno.ENOSPC: "cannot write /w/x: no space left",
              errno.EMFILE: "cannot open /w/x: too many open files (this process may open",
              errno.EACCES: "/w/x: permission denied"}
