@@ -36,18 +36,3 @@ def assert_ratio(result: dict, name: str, numerator: float, denominator: float) 
     """The named ratio is there, positive, and the quotient of the two sides' figures."""
     assert numerator > 0 and denominator > 0, (name, numerator, denominator)
     assert result["ratios"][name] == pytest.approx(numerator / denominator, rel=1e-6), (name, result["ratios"])
-
-
-@pytest.fixture(scope="module")
-def tiny_bert_dir(minilm_dir, tmp_path_factory):
-    """A random 2 x 64 BERT (the tiny-bert preset) with MiniLM-L6's WordPiece vocabulary of 30,522
-    pieces, saved as a Hugging Face directory the way MiniLM's is (the encoder, no heads): the
-    experiments that start from a BERT checkpoint (its weights, its tokenizer) at a fraction of
-    MiniLM's compilation and step cost."""
-    from nli_jax.checkpoints import load_tokenizer
-    from nli_jax.models import EncoderModel, make_rngs, preset
-    tokenizer = load_tokenizer(minilm_dir)
-    directory = tmp_path_factory.mktemp("tiny_bert") / "tiny"
-    EncoderModel(preset("tiny-bert", vocab_size=len(tokenizer)), rngs=make_rngs(0)).save_pretrained(
-        str(directory), tokenizer=tokenizer)
-    return str(directory)

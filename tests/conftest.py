@@ -160,13 +160,35 @@ def indonlu_small(shared_data, tmp_path_factory):
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
         pytest.skip(f"{len(missing)} of IndoNLU's task folders not found, e.g. {missing[0]} (../shared/data/README.md)")
-    root = tmp_path_factory.mktemp("indonlu_small")
-    for task in indonlu.TASKS.values():
+    return indonlu_first_rows(shared_data / "indonlu", tmp_path_factory.mktemp("indonlu_small"), INDONLU_SMALL_ROWS)
+
+
+def indonlu_first_rows(source, destination, rows, tasks=None):
+    """IndoNLU's task folders under `source` with each split cut to its first rows (training,
+    validation) under `destination`; `tasks`: their names (default: all 12). Returns `destination`."""
+    from nli_jax.data import indonlu
+    for name in tasks or indonlu.TASKS:
+        task = indonlu.TASKS[name]
         kind = {"txt": "blocks", "tsv": "lines", "csv": "csv"}[task.extension]
-        for split, n in zip(("train", "valid"), INDONLU_SMALL_ROWS):
-            name = f"{split}_preprocess.{task.extension}"
-            first_rows(shared_data / "indonlu" / task.folder / name, root / task.folder / name, n, kind)
-    return root
+        for split, n in zip(("train", "valid"), rows):
+            file = f"{task.folder}/{split}_preprocess.{task.extension}"
+            first_rows(source / file, destination / file, n, kind)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(minilm_dir, tmp_path_factory):
+    """A random 2 x 64 BERT (the tiny-bert preset) with MiniLM-L6's WordPiece vocabulary of 30,522
+    pieces, saved as a Hugging Face directory the way MiniLM's is (the encoder, no heads): the
+    experiments that start from a BERT checkpoint (its weights, its tokenizer) at a fraction of
+    MiniLM's compilation and step cost."""
+    from nli_jax.checkpoints import load_tokenizer
+    from nli_jax.models import EncoderModel, make_rngs, preset
+    tokenizer = load_tokenizer(minilm_dir)
+    directory = tmp_path_factory.mktemp("tiny_bert") / "tiny"
+    EncoderModel(preset("tiny-bert", vocab_size=len(tokenizer)), rngs=make_rngs(0)).save_pretrained(
+        str(directory), tokenizer=tokenizer)
+    return str(directory)
 
 
 @pytest.fixture(scope="session")

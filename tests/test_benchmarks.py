@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from benchmark_runs import assert_ratio, run_benchmark, tiny_bert_dir  # noqa: F401  (a fixture)
+from benchmark_runs import assert_ratio, run_benchmark
 from conftest import REPO
 
 BENCHMARKS = REPO / "benchmarks"

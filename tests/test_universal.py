@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, config_for, first_rows
-from nli_jax.data import indonlu
+from conftest import REPO, config_for, indonlu_first_rows
 from nli_jax.errors import ConfigValueError
 from nli_jax.planner import build_plan
 from nli_jax.tasks import create_task
@@ -184,12 +183,8 @@ RECAST_ROWS = (800, 100)  # training, validation rows per task
 
 @pytest.mark.slow
 def test_real_indonlu_tasks_recast(shared_data, tmp_path):
-    for name in ("smsa", "emot", "wrete", "casa", "hoasa"):
-        task = indonlu.TASKS[name]
-        for split, n in zip(("train", "valid"), RECAST_ROWS):
-            file = f"{task.folder}/{split}_preprocess.{task.extension}"
-            first_rows(shared_data / "indonlu" / file, tmp_path / "indonlu" / file, n,
-                       {"tsv": "lines", "csv": "csv"}[task.extension])
+    indonlu_first_rows(shared_data / "indonlu", tmp_path / "indonlu", RECAST_ROWS,
+                       ("smsa", "emot", "wrete", "casa", "hoasa"))
     config = config_for("universal_nli:cpu_test", f"data.tfds_dir={tmp_path / 'tfds'}",
                         f"task_options.recast_source={tmp_path / 'indonlu'}",
                         "task_options.recast_tasks=smsa,emot,wrete,casa,hoasa", "task_options.max_per_class=30")
