@@ -8,9 +8,16 @@ majority-class baseline.
         --config.task_options.recast_source=../shared/data/indonlu
 
 Each cell trains in DIR/heldout_<task>/seed_<s> (resumable; a finished cell is read back, as
-finetune.sweep does) and is scored zero-shot into DIR/heldout_<task>/seed_<s>/zero_shot. The
+finetune.sweep does) and is scored zero-shot into DIR/heldout_<task>/seed_<s>/zero_shot; a
+held-out task whose runs would train on the same tasks as an earlier one's is scored with that
+one's run (into its zero_shot_<task>). The
 held-out task's data is read from task_options.recast_source unless --task_override says
-otherwise. --ceiling also fine-tunes the same model on each held-out task itself
+otherwise (`key=value` for every held-out task, `task:key=value` for one). A held-out task's run
+never trains on a task it shares texts with (NusaX-Senti and SmSA: nli_jax.data.provenance).
+--heldout_only tasks are held out and scored but never recast into the others' runs (a task whose
+data is elsewhere, NusaX-Senti). Every split of the held-out task named --split or
+<split>_<suffix> is scored (NusaX-Senti's validation_<language> with
+task_options.eval_languages), a table row each. --ceiling also fine-tunes the same model on each held-out task itself
 (DIR/ceiling_<task>/seed_<s>). Writes DIR/table.md (the primary metric x 100, mean (std) over
 seeds) and DIR/heldout.json after every task.
 """
@@ -28,10 +35,11 @@ from nli_jax import cli
 config_flags.DEFINE_config_file("config", None, "the universal_nli config (path[:variant])", lock_config=True)
 flags.DEFINE_string("workdir", None, "DIR/heldout_<task>/seed_<s> per cell; table.md and heldout.json at the top")
 flags.DEFINE_list("tasks", None, "classification tasks, each held out once and recast for the others' runs")
+flags.DEFINE_list("heldout_only", [], "tasks held out and scored zero-shot but never recast into the others' runs")
 flags.DEFINE_list("seeds", ["1"], "random restarts (train.seed) per held-out task")
 flags.DEFINE_string("split", "validation", "the held-out task's split scored zero-shot")
-flags.DEFINE_multi_string("task_override", [], "key=value for the held-out tasks' configs (default data.source: "
-                          "task_options.recast_source)")
+flags.DEFINE_multi_string("task_override", [], "key=value for the held-out tasks' configs, task:key=value for one "
+                          "(default data.source: task_options.recast_source)")
 flags.DEFINE_bool("multi_label", False, "score labels as the pipeline's multi_label=True")
 flags.DEFINE_bool("ceiling", False, "also fine-tune the same model on each held-out task itself (DIR/ceiling_<task>/"
                   "seed_<s>, the config's model, optimizer and training settings): the table's ceiling column")
@@ -39,13 +47,33 @@ flags.mark_flags_as_required(["config", "workdir", "tasks"])
 FLAGS = flags.FLAGS
 
 
+def recast_for(heldout: str, tasks) -> list[str]:
+    """The tasks recast for `heldout`'s run: every other one but those sharing its texts."""
+    from nli_jax.data.provenance import share_texts
+    return [t for t in tasks if t != heldout and not share_texts(t, heldout)]
+
+
 def heldout_config(config, heldout: str, tasks, seed: int):
-    """The universal run's config with every task but `heldout` recast, at `seed`."""
+    """The universal run's config with the tasks of recast_for(heldout) recast, at `seed`."""
     from finetune.sweep import with_lr_and_seed
     cell = with_lr_and_seed(config, seed=seed)
     with cell.unlocked():
-        cell.task_options.recast_tasks = ",".join(t for t in tasks if t != heldout)
+        cell.task_options.recast_tasks = ",".join(recast_for(heldout, tasks))
     return cell
+
+
+def overrides_for(task: str, overrides) -> list[str]:
+    """The `key=value` items for every task and the `task:key=value` items for `task`."""
+    from nli_jax.tasks import TASKS
+    out = []
+    for item in overrides:
+        prefix, _, rest = item.partition(":")
+        if rest and prefix in TASKS:
+            if prefix == task:
+                out.append(rest)
+        else:
+            out.append(item)
+    return out
 
 
 def target_config(config, task: str, overrides):
@@ -55,8 +83,16 @@ def target_config(config, task: str, overrides):
     target = default_config(task, options_config(task))
     target.data.source = config.task_options.recast_source
     target.data.tfds_dir = config.data.tfds_dir
-    cli.apply_overrides(target, overrides)
+    cli.apply_overrides(target, overrides_for(task, overrides))
     return target
+
+
+def scored_splits(target, split: str) -> tuple[str, ...]:
+    """`split` and the task's `<split>_<suffix>` splits (NusaX-Senti's validation_<language>)."""
+    from nli_jax.planner import build_plan
+    from nli_jax.tasks import create_task
+    names = create_task(build_plan(target, training=False)).load(None)
+    return (split, *sorted(n for n in names if n.startswith(split + "_")))
 
 
 def ceiling_config(config, task: str, overrides, seed: int):
@@ -82,25 +118,36 @@ def _ceiling(config, heldout, seed, workdir):
     return outcome["results"]
 
 
-def _cell(config, tasks, heldout, seed, workdir, canary):
+def run_owner(heldout: str, named, tasks) -> str:
+    """The first held-out task (in `named`'s order) whose runs train on what `heldout`'s do: one
+    run serves both (SmSA's and NusaX-Senti's runs, when NusaX is only held out)."""
+    return next(t for t in named if recast_for(t, tasks) == recast_for(heldout, tasks))
+
+
+def _cell(config, tasks, named, heldout, seed, workdir, canary):
     from finetune.sweep import run_cell
     from nli_jax.errors import RunError
     from nli_jax.zero_shot import classify
-    run_dir = storage.under(workdir, f"heldout_{heldout}", f"seed_{seed}")
+    owner = run_owner(heldout, named, tasks)
+    run_dir = storage.under(workdir, f"heldout_{owner}", f"seed_{seed}")
     outcome = run_cell(heldout_config(config, heldout, tasks, seed), run_dir, canary=canary)
     if outcome["status"] == "failed":
         raise RunError(f"{run_dir}: training failed: {outcome['error']}")
-    scored = storage.under(run_dir, "zero_shot")
+    scored = storage.under(run_dir, "zero_shot" if owner == heldout else f"zero_shot_{heldout}")
     done = storage.read_json_object(os.path.join(scored, "results.json"))
     if done is not None:  # scored by an earlier attempt
         return done
-    return classify(run_dir, target_config(config, heldout, FLAGS.task_override), workdir=scored,
-                    splits=(FLAGS.split,), multi_label=FLAGS.multi_label)
+    target = target_config(config, heldout, FLAGS.task_override)
+    return classify(run_dir, target, workdir=scored, splits=scored_splits(target, FLAGS.split),
+                    multi_label=FLAGS.multi_label)
 
 
 def table(rows: dict) -> str:
-    """Markdown: task, metric, zero-shot and majority baseline (x 100, mean (std) over seeds)."""
+    """Markdown: task (and split), metric, zero-shot and majority baseline (x 100, mean (std)
+    over seeds); a row's `not_recast` (tasks left out of its runs for sharing its texts) below."""
     def cell(values):
+        if not values:
+            return "-"
         values = [100 * v for v in values]
         return f"{np.mean(values):.2f} ({np.std(values, ddof=1) if len(values) > 1 else 0.0:.2f})"
     ceiling = any(row.get("ceiling") for row in rows.values())
@@ -109,6 +156,9 @@ def table(rows: dict) -> str:
     for task, row in rows.items():
         lines.append(f"| {task} | {row['metric']} | {','.join(map(str, row['seeds']))} | {cell(row['zero_shot'])} | "
                      f"{cell(row['majority'])} |" + (f" {cell(row['ceiling'])} |" if ceiling else ""))
+    notes = sorted({(task.split()[0], ", ".join(row["not_recast"])) for task, row in rows.items() if row.get("not_recast")})
+    lines += [""] + [f"{task}: its runs trained without {names} (texts shared: nli_jax.data.provenance)"
+                     for task, names in notes] if notes else []
     return "\n".join(lines) + "\n"
 
 
@@ -121,25 +171,34 @@ def main(argv):
     from nli_jax.tasks import TASKS
     from nli_jax.train.reporting import write_json
     tasks = [t.strip() for t in FLAGS.tasks if t.strip()]
-    unknown = [t for t in tasks if t not in TASKS]
-    if len(tasks) < 2 or unknown or len(set(tasks)) != len(tasks):
-        raise RunError(f"--tasks={','.join(FLAGS.tasks)}: at least two distinct registered tasks"
-                       + (f"; unknown {unknown}" if unknown else ""))
+    heldout_only = [t.strip() for t in FLAGS.heldout_only if t.strip()]
+    named = tasks + heldout_only
+    unknown = [t for t in named if t not in TASKS]
+    if len(named) < 2 or unknown or len(set(named)) != len(named):
+        raise RunError(f"--tasks={','.join(FLAGS.tasks)} --heldout_only={','.join(FLAGS.heldout_only)}: at least "
+                       "two distinct registered tasks, none named twice" + (f"; unknown {unknown}" if unknown else ""))
     config = FLAGS.config
     if config.task != "universal_nli":
         raise RunError(f"--config is a config of task {config.task!r}, not universal_nli")
+    # Every held-out task's data and splits, read before any training.
+    splits = {t: scored_splits(target_config(config, t, FLAGS.task_override), FLAGS.split) for t in named}
     rows = {}
-    for heldout in tasks:
-        row = rows[heldout] = {"seeds": [], "zero_shot": [], "majority": [], "ceiling": []}
+    for heldout in named:
+        not_recast = [t for t in tasks if t != heldout and t not in recast_for(heldout, tasks)]
+        keys = {split: heldout if split == FLAGS.split else f"{heldout} {split}" for split in splits[heldout]}
+        for key in keys.values():
+            rows[key] = {"seeds": [], "zero_shot": [], "majority": [], "ceiling": [], "not_recast": not_recast}
         for seed in (int(s) for s in FLAGS.seeds):
-            results = _cell(config, tasks, heldout, seed, FLAGS.workdir, canary=not rows or len(rows) == 1)
-            report = results["splits"][FLAGS.split]
-            row["metric"] = results["primary_metric"]
-            row["seeds"].append(seed)
-            row["zero_shot"].append(report[row["metric"]])
-            row["majority"].append(report["majority_baseline"][row["metric"]])
-            if FLAGS.ceiling:
-                row["ceiling"].append(_ceiling(config, heldout, seed, FLAGS.workdir)["splits"][FLAGS.split][row["metric"]])
+            results = _cell(config, tasks, named, heldout, seed, FLAGS.workdir, canary=len(rows) == len(keys))
+            ceiling = _ceiling(config, heldout, seed, FLAGS.workdir)["splits"] if FLAGS.ceiling else {}
+            for split, key in keys.items():
+                row, report = rows[key], results["splits"][split]
+                row["metric"] = results["primary_metric"]
+                row["seeds"].append(seed)
+                row["zero_shot"].append(report[row["metric"]])
+                row["majority"].append(report["majority_baseline"][row["metric"]])
+                if split in ceiling:
+                    row["ceiling"].append(ceiling[split][row["metric"]])
         storage.write_text(storage.under(FLAGS.workdir, "table.md"), table(rows))
         write_json(storage.under(FLAGS.workdir, "heldout.json"), rows)
     print(table(rows), end="")

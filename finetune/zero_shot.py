@@ -33,6 +33,8 @@ flags.DEFINE_bool("multi_label", False, "each label scored alone, entailment aga
 flags.DEFINE_integer("max_seq_length", 0, "tokens per pair (default: the run's own; 128 for a Hugging Face directory)")
 flags.DEFINE_integer("eval_batch_size", 0, "pairs per batch (default: the run's own train.eval_batch_size)")
 flags.DEFINE_bool("allow_unfinished", False, "Use the best parameters of a run that has not finished.")
+flags.DEFINE_bool("allow_overlap", False, "score a task whose texts are translations of a dataset the model trained on "
+                  "(refused by default: NusaX-Senti after SmSA)")
 cli.define_multihost_flags()
 flags.mark_flags_as_required(["checkpoint", "workdir"])
 FLAGS = flags.FLAGS
@@ -70,7 +72,7 @@ def main(argv):
     results = classify(FLAGS.checkpoint, config, workdir=FLAGS.workdir, splits=tuple(FLAGS.split),
                        template=FLAGS.template, labels=labels, multi_label=FLAGS.multi_label,
                        max_seq_length=FLAGS.max_seq_length, eval_batch_size=FLAGS.eval_batch_size,
-                       allow_unfinished=FLAGS.allow_unfinished)
+                       allow_unfinished=FLAGS.allow_unfinished, allow_overlap=FLAGS.allow_overlap)
     for split, report in results["splits"].items():
         metric = results["primary_metric"]
         print(f"{results['task']} {split}: {metric} {report[metric]:.4f} (majority baseline "

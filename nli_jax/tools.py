@@ -21,6 +21,7 @@ from nli_jax.errors import RunError
 from nli_jax.tasks import Task, create_task
 from nli_jax.train import inputs as inputs_lib
 from nli_jax import planner
+from nli_jax.data import provenance
 from nli_jax.migrations import upgrade_config_json
 from nli_jax.train.checkpointing import Checkpointer, abstract_like
 from nli_jax.train.evaluation import final_evaluation
@@ -173,7 +174,10 @@ def export_checkpoint(config, checkpoint: str, output: str, *, allow_unfinished:
     hooks = run_hooks.for_checkpoint(plan, checkpoint)
     with workdir_lib.lock(output, "finetune.export"):
         run, params = _checkpoint_setup(plan, output, checkpoint, splits={}, need_labels=True)
-        export(run, params, output, fields=run_hooks.export_fields(hooks))
+        # What the encoder was trained on travels with it: a zero-shot or fine-tuning run of the
+        # export is checked against it (nli_jax.data.provenance).
+        fields = dict(run_hooks.export_fields(hooks) or {}, trained_on=provenance.trained_on(checkpoint))
+        export(run, params, output, fields=fields)
     return output
 
 

@@ -30,6 +30,7 @@ from nli_jax import storage
 from nli_jax import workdir as workdir_lib
 from nli_jax.errors import RunError
 from nli_jax.metrics import calibration
+from nli_jax.data import provenance
 from nli_jax.plan import default_config
 from nli_jax.tasks import create_task, options_config
 from nli_jax.tasks.nli import NLITask
@@ -234,12 +235,14 @@ def _all(source) -> list[dict]:
 
 def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation",), template: str | None = None,
              labels: dict | None = None, multi_label: bool = False, max_seq_length: int = 0,
-             eval_batch_size: int = 0, allow_unfinished: bool = False) -> dict:
+             eval_batch_size: int = 0, allow_unfinished: bool = False, allow_overlap: bool = False) -> dict:
     """The task of `task_config` (a config dict: task, data.source, ...) classified zero-shot by
     the NLI model in `checkpoint` on `splits`: its own report (metric), calibration and the
     majority-class baseline per split in <workdir>/results.json, one record per example (the
     task's record plus every label's score) in <workdir>/predictions.jsonl. Template, labels,
-    task and checkpoint labels are checked before any parameter is read."""
+    task and checkpoint labels are checked before any parameter is read, and so is what the model
+    was trained on: a task whose texts are translations of (or drawn from) a dataset the model
+    trained on is refused (nli_jax.data.provenance) unless `allow_overlap`."""
     workdir_lib.check_tool_output(workdir, "--workdir", reads=[checkpoint], directory=True)
     plan = planner.build_plan(task_config, training=False)
     task = create_task(plan)
@@ -250,6 +253,11 @@ def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation"
     if missing:
         raise RunError(f"task {task.name!r} has no split(s) {missing} in its data (it has {sorted(data)})")
     nli_columns(_checkpoint_labels(tools.resolve_checkpoint(checkpoint), checkpoint)[0], checkpoint)  # no weights read
+    trained = provenance.trained_on(checkpoint)
+    translated = provenance.translated_training(checkpoint, task.name)
+    if translated and not allow_overlap:
+        raise RunError(f"{checkpoint}: {translated}: its zero-shot scores on {task.name} would be scores on "
+                       "translations of its training data; pass allow_overlap to score anyway")
     with workdir_lib.lock(workdir, "finetune.zero_shot"):
         setup_logging(workdir)
         model = load_model(checkpoint, workdir=workdir, max_seq_length=max_seq_length,
@@ -258,10 +266,14 @@ def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation"
         train = _all(data[bound.train_split]) if bound.train_split in data else []
         results = {"task": bound.name, "primary_metric": bound.primary_metric, "checkpoint": checkpoint,
                    "nli_labels": list(model.columns.labels), "multi_label": multi_label,
+                   "trained_on": trained, **({"translated_training": translated} if translated else {}),
                    "verbalizer": {"template": verbalizer.template, "labels": dict(verbalizer.phrases),
                                   **({"aspects": {a: verbalizer.aspects.get(a, a) for a in bound.aspects}}
                                      if kind == ASPECTS else {})},
                    "splits": {}}
+        if task.name in trained:
+            log.warning("%s was trained on %s (%s): its scores are not zero-shot", checkpoint, task.name,
+                        trained[task.name])
         records = []
         for split in splits:
             examples = sorted(_all(data[split]), key=lambda e: e["idx"])

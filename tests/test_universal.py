@@ -52,6 +52,17 @@ def write_indonlu(root, n_train=48, n_valid=15):
     return root
 
 
+def write_nusax(root, languages=("indonesian", "javanese"), n_train=24, n_valid=12):
+    """A synthetic NusaX-Senti folder (<language>/{train,valid}.csv: id,text,label)."""
+    for language in languages:
+        (root / language).mkdir(parents=True, exist_ok=True)
+        for split, n, seed in (("train", n_train, 2), ("valid", n_valid, 3)):
+            (root / language / f"{split}.csv").write_text("id,text,label\n" + "".join(
+                f"{i},\"{t}\",{label}\n" for i, (t, label) in enumerate(_sentences(n, SENTIMENT_WORDS, seed))),
+                encoding="utf-8")
+    return root
+
+
 def _universal(tmp_path, *assignments):
     data = write_indonlu(tmp_path / "indonlu")
     config = config_for("universal_nli:cpu_test", f"data.tfds_dir={tmp_path / 'tfds'}",
@@ -117,6 +128,29 @@ def test_recast_tasks_are_checked_by_the_planner(tmp_path):
         _universal(tmp_path, "task_options.recast_tasks=", "task_options.include_nli=False")
 
 
+def test_tasks_sharing_texts_are_never_recast_for_each_other():
+    from finetune.universal_heldout import overrides_for, recast_for
+    from nli_jax.data.provenance import share_texts
+    assert share_texts("nusax", "smsa") and share_texts("smsa", "nusax")
+    assert not share_texts("smsa", "smsa") and not share_texts("emot", "nusax")
+    assert recast_for("nusax", ["smsa", "emot", "wrete"]) == ["emot", "wrete"]
+    assert recast_for("smsa", ["nusax", "emot"]) == ["emot"]
+    assert recast_for("emot", ["smsa", "emot", "nusax"]) == ["smsa", "nusax"]
+    overrides = ["data.max_seq_length=64", "nusax:data.source=gs://b/nusax", "smsa:data.source=/x"]
+    assert overrides_for("nusax", overrides) == ["data.max_seq_length=64", "data.source=gs://b/nusax"]
+    assert overrides_for("emot", overrides) == ["data.max_seq_length=64"]
+
+
+def test_nli_and_validation_caps(tmp_path):
+    task = _universal(tmp_path, "task_options.recast_tasks=smsa", "task_options.max_per_class=2",
+                      "task_options.max_nli_examples=5", "task_options.max_validation_examples=4")
+    assert task.trained_task_names() == ("indonli", "smsa")
+    splits = task.load()
+    origins = lambda split: [splits[split][i]["categories"]["origin"] for i in range(len(splits[split]))]  # noqa: E731
+    assert origins("train").count("indonli") == 5 and origins("train").count("smsa") == 3 * 2 * 3
+    assert origins("validation").count("indonli") == 4 and origins("validation").count("smsa") == 4 * 3
+
+
 # --- slow: the protocol and the pipeline end to end ------------------------------------------
 
 def _command(module, *args, timeout=900):
@@ -144,6 +178,32 @@ def test_heldout_protocol_trains_on_the_others_and_scores_the_heldout_task_zero_
         results = json.loads((run / "zero_shot" / "results.json").read_text())
         assert results["task"] == heldout and results["nli_labels"] == ["entailment", "not_entailment"]
         assert results["splits"]["validation"]["count"] == 15
+    # NusaX held out: its runs never train on SmSA (whose texts NusaX's are); each language a row.
+    nusax = write_nusax(tmp_path / "nusax")
+    with_nusax = [*common[:-1], "--tasks=smsa,wrete", "--heldout_only=nusax", f"--task_override=nusax:data.source={nusax}",
+                  "--task_override=nusax:task_options.eval_languages=javanese"]
+    held = _command("finetune.universal_heldout", *with_nusax, f"--workdir={tmp_path / 'with_nusax'}").stdout
+    assert "| nusax | f1 | 1 |" in held and "| nusax validation_javanese | f1 | 1 |" in held, held
+    assert "nusax: its runs trained without smsa" in held
+    # SmSA's held-out run trains on what NusaX's would (wrete): one run, scored on both.
+    run = tmp_path / "with_nusax" / "heldout_smsa" / "seed_1"
+    assert not (tmp_path / "with_nusax" / "heldout_nusax").exists()
+    assert json.loads((run / "config.json").read_text())["task_options"]["recast_tasks"] == "wrete"
+    scored = json.loads((run / "zero_shot_nusax" / "results.json").read_text())
+    assert set(scored["splits"]) == {"validation", "validation_javanese"}
+    assert scored["trained_on"] == {"indonli": f"the run {run}", "wrete": f"the run {run}"}
+    # A run trained on SmSA recast is refused on NusaX, zero-shot and as a fine-tuning run's init.
+    trained_on_smsa = tmp_path / "heldout" / "heldout_wrete" / "seed_1"
+    refused = subprocess.run([sys.executable, "-m", "finetune.zero_shot", f"--checkpoint={trained_on_smsa}",
+                              "--task=nusax", f"--workdir={tmp_path / 'zs_nusax'}", f"--override=data.source={nusax}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "trained on smsa, and nusax's texts are smsa's" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "zs_nusax" / "results.json").exists()
+    refused = subprocess.run([sys.executable, "-m", "finetune.main", "--config=configs/nusax.py:cpu_test",
+                              f"--workdir={tmp_path / 'ft_nusax'}", f"--config.data.source={nusax}",
+                              f"--config.model.init={trained_on_smsa}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "trained on smsa, and nusax's texts are smsa's" in refused.stderr, refused.stderr
     # Rerun: every cell is read back, nothing trained or scored again.
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "heldout").rglob("results.json")}
     again = _command("finetune.universal_heldout", *common, f"--workdir={tmp_path / 'heldout'}", "--ceiling")

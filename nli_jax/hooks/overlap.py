@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from nli_jax import storage
-from nli_jax.data import overlap
+from nli_jax.data import overlap, provenance
 from nli_jax.data.records import read_many
 from nli_jax.errors import RunError
 from nli_jax.hooks import HOOKS, HookOptions, RunHook
@@ -78,6 +78,13 @@ class OverlapHook(RunHook):
         if run.plan.pretrain is not None:  # pretraining's held-out segments are its own concern
             return None
         task = run.task
+        # A translation shares no text with its source: the model.init chain's datasets are
+        # checked by name (a task registers its texts_from: NusaX-Senti's texts are SmSA's).
+        translated = provenance.translated_training(run.plan.model.init, task.name) if run.plan.model.init else None
+        if translated and not run.plan.data.allow_overlap:
+            raise OverlapError(f"model.init={run.plan.model.init}: {translated}: this run's scores on {task.name} "
+                               "would be scores on translations of its encoder's training data; pass "
+                               "--config.data.allow_overlap=True to run anyway")
         evaluated = [s for s in dict.fromkeys((task.validation_split, *run.plan.eval_splits))
                      if s in run.splits and s != task.train_split and s != "train"]
         if not evaluated:

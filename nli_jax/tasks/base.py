@@ -21,18 +21,21 @@ from nli_jax.plan import BatchPlan, DataPlan, NoOptions, TaskOptions
 TASKS: dict[str, Callable[[Any], "Task"]] = {}
 # name -> the task's options class (RunPlan.task_options, config.task_options).
 TASK_OPTIONS: dict[str, type[TaskOptions]] = {}
+# name -> the tasks whose texts its texts are translated or drawn from (nli_jax.data.provenance).
+TEXTS_FROM: dict[str, tuple[str, ...]] = {}
 # The key of `loss`'s metric sums that holds per-example arrays (not summed): the train step
 # returns them when asked (training dynamics), the evaluation step with the predictions.
 PER_EXAMPLE = "per_example"
 
 
-def register(name: str, options: type[TaskOptions] = NoOptions):
+def register(name: str, options: type[TaskOptions] = NoOptions, texts_from: tuple[str, ...] = ()):
     """Registers `factory(plan) -> Task` as task `name`, whose options (plan.task_options) are an
-    `options` instance."""
+    `options` instance; `texts_from`: the tasks its texts are translations of or drawn from (a
+    model trained on one is never scored on the other: nli_jax.data.provenance)."""
     def wrap(factory):
         if name in TASKS:
             raise ValueError(f"task {name!r} registered twice")
-        TASKS[name], TASK_OPTIONS[name] = factory, options
+        TASKS[name], TASK_OPTIONS[name], TEXTS_FROM[name] = factory, options, tuple(texts_from)
         return factory
     return wrap
 
@@ -120,6 +123,11 @@ class Task(abc.ABC):
         """Every split name the task's data can have (held-out ones included), to refuse a
         mistyped `eval_splits` entry; None when the task cannot tell."""
         return None
+
+    def trained_task_names(self) -> tuple[str, ...]:
+        """The datasets (task names) a run of this task trains on: its own by default; a task
+        that trains on others' data names them (nli_jax.data.provenance)."""
+        return (self.name,)
 
     def plan_problems(self, plan) -> list[str]:
         """What the task itself cannot run with in a checked plan (the planner adds them to its

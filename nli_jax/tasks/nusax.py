@@ -195,4 +195,5 @@ class NusaXSenti(ClassificationTask):
         return {"train_languages": list(self.options.trained), "eval_languages": list(self.options.evaluated)}
 
 
-register("nusax", options=NusaXOptions)(lambda plan: NusaXSenti(plan.data, plan.task_options))
+# NusaX-Senti's sentences are SmSA's (Indonesian) and their translations.
+register("nusax", options=NusaXOptions, texts_from=("smsa",))(lambda plan: NusaXSenti(plan.data, plan.task_options))

@@ -47,6 +47,10 @@ class UniversalOptions(NLIOptions):
     max_per_class: int = option(500, low=1)  # examples kept per class of each recast task (Laurer's cap)
     recast_seed: int = option(0, low=0)  # which examples a cap keeps
     include_nli: bool = option(True)  # the NLI corpus of data.source (IndoNLI) mapped to binary
+    max_nli_examples: int = option(0, low=0)  # > 0: the NLI corpus's first N training pairs only (file order)
+    # > 0: each dataset's first N validation examples (by idx) only; the validation split drives the
+    # best checkpoint, and recast aspect tasks multiply it (HoASA: 40 pairs an example).
+    max_validation_examples: int = option(0, low=0)
 
 
 def task_kind(task) -> str:
@@ -138,6 +142,9 @@ class UniversalNLI(NLITask):
     def recast_task_names(self) -> list[str]:
         return [n.strip() for n in self.options.recast_tasks.split(",") if n.strip()]
 
+    def trained_task_names(self):
+        return (("indonli",) if self.options.include_nli else ()) + tuple(self.recast_task_names())
+
     def plan_problems(self, plan):
         names = self.recast_task_names()
         problems = [f"task_options.recast_tasks names unknown task {n!r}" for n in names if n not in TASKS]
@@ -160,8 +167,10 @@ class UniversalNLI(NLITask):
         train, validation = [], []
         if self.options.include_nli:
             nli = super().load(workdir)
-            train += binary_nli((nli["train"][i] for i in range(len(nli["train"]))), "indonli")
-            validation += binary_nli((nli["validation"][i] for i in range(len(nli["validation"]))), "indonli")
+            cap = self.options.max_nli_examples or len(nli["train"])
+            train += binary_nli((nli["train"][i] for i in range(min(cap, len(nli["train"])))), "indonli")
+            kept = self.options.max_validation_examples or len(nli["validation"])
+            validation += binary_nli((nli["validation"][i] for i in range(min(kept, len(nli["validation"])))), "indonli")
         for name in self.recast_task_names():
             task = self.recast_task(name)
             kind = task_kind(task)
@@ -174,6 +183,8 @@ class UniversalNLI(NLITask):
                 examples = sorted((splits[split][i] for i in range(len(splits[split]))), key=lambda e: e["idx"])
                 if split == "train":
                     examples = cap_per_class(task, examples, self.options.max_per_class, self.options.recast_seed)
+                elif self.options.max_validation_examples:
+                    examples = examples[:self.options.max_validation_examples]
                 out += recast(task, verbalizer, examples, name)
         return {"train": InMemorySource(reindex(train)), "validation": InMemorySource(reindex(validation))}
 
