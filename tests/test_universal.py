@@ -107,6 +107,21 @@ def test_aspect_tasks_are_recast_per_aspect(tmp_path):
     assert entailed == ["Ulasan ini bernada positif tentang bahan bakar.", "Ulasan ini bernada netral tentang mesin.",
                         "Ulasan ini bernada netral tentang hal lain.", "Ulasan ini bernada netral tentang suku cadang.",
                         "Ulasan ini bernada positif tentang harga.", "Ulasan ini bernada netral tentang layanan."]
+    # Capped, each aspect's label is a class: (fuel, positive) and (price, positive) hold one example
+    # each, every (aspect, neutral) four; at most two of each are kept, each for the aspects drawn for it.
+    rows = ["bensin irit harga murah,positive,neutral,neutral,neutral,positive,neutral"] + [
+        f"mobil biasa saja nomor {i},neutral,neutral,neutral,neutral,neutral,neutral" for i in range(3)]
+    (folder / "train_preprocess.csv").write_text(text.splitlines()[0] + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    casa = create_task(build_plan(config, training=False))
+    train = [casa.load()["train"][i] for i in range(4)]
+    kept = cap_per_class(casa, train, 2, seed=0)
+    entailed = [p["hypothesis"] for p in recast(casa, verbalizer_for("casa", casa.labels, "aspects"), kept, "casa")
+                if p["label"] == 0]
+    assert {0, 4} <= set(kept[0]["recast_aspects"])  # the only positive fuel and price example
+    assert len(entailed) == 2 + 2 * 6
+    assert entailed.count("Ulasan ini bernada positif tentang harga.") == 1
+    assert all(entailed.count(f"Ulasan ini bernada netral tentang {a}.") == 2 for a in ("mesin", "hal lain", "layanan"))
+    assert cap_per_class(casa, train, 4, seed=0) == train  # nothing capped: every aspect recast
 
 
 def test_cap_keeps_at_most_n_per_class_drawn_by_seed(tmp_path):
@@ -222,6 +237,7 @@ def test_an_exported_nli_jax_model_scores_in_the_pipeline_as_in_nli_jax(tmp_path
     _command("finetune.export", f"--checkpoint={run}", f"--output={export}")
     config = json.loads((export / "config.json").read_text())
     assert config["label2id"]["entailment"] == 0  # the pipeline's entailment: the label starting with "entail"
+    assert config["nli_jax"]["trained_on"] == {"indonli": f"the run {run}"}  # checked by finetune.zero_shot
     texts = ["Budi memasak nasi di rumah pada pagi hari.", "Wati membaca koran di taman pada sore hari.",
              "Siti pergi ke pasar naik sepeda karena ingin membeli baju."]
     candidates, template = ["memasak nasi", "membaca koran", "pergi ke pasar", "menanam pohon"], "Orang itu {}."
@@ -260,4 +276,7 @@ def test_real_indonlu_tasks_recast(shared_data, tmp_path):
     assert len(by_origin["wrete"]) <= 2 * 30
     assert by_origin["casa"].count(0) * 3 == len(by_origin["casa"])
     assert by_origin["hoasa"].count(0) * 4 == len(by_origin["hoasa"])
+    # An aspect task's class is (aspect, label): at most 30 entailed hypotheses of each.
+    assert 6 * 30 <= by_origin["casa"].count(0) <= 6 * 3 * 30
+    assert 10 * 30 <= by_origin["hoasa"].count(0) <= 10 * 4 * 30
     assert by_origin["indonli"].count(0) > 0 and by_origin["indonli"].count(1) > 0

@@ -85,12 +85,28 @@ def gold_labels(task, example: dict) -> list[str]:
 
 
 def cap_per_class(task, examples: list[dict], max_per_class: int, seed: int) -> list[dict]:
-    """At most `max_per_class` examples of each class (by the first gold label: an aspect
-    task's examples by their label tuple), drawn with `seed`, in their original order."""
+    """At most `max_per_class` examples of each class, drawn with `seed`, in their original order.
+    For a multi-aspect task each aspect's label is a class of its own ((aspect, label): 40 on
+    HoASA, whose label tuples are nearly all distinct): an example is kept with the aspects it was
+    drawn for (`recast_aspects`), and recast for those only."""
+    rng = np.random.default_rng(seed)
+    if isinstance(task, MultiAspectTask):
+        aspects_of: dict[int, list[int]] = {}
+        for a in range(len(task.aspects)):
+            by_label: dict = {}
+            for i, e in enumerate(examples):
+                by_label.setdefault(e["labels"][a], []).append(i)
+            for key in sorted(by_label, key=str):
+                positions = by_label[key]
+                drawn = positions if len(positions) <= max_per_class else rng.choice(positions, max_per_class, replace=False)
+                for i in drawn:
+                    aspects_of.setdefault(int(i), []).append(a)
+        if all(len(v) == len(task.aspects) for v in aspects_of.values()) and len(aspects_of) == len(examples):
+            return list(examples)  # nothing capped
+        return [dict(examples[i], recast_aspects=tuple(sorted(aspects_of[i]))) for i in sorted(aspects_of)]
     by_class: dict = {}
     for i, e in enumerate(examples):
         by_class.setdefault(tuple(gold_labels(task, e)), []).append(i)
-    rng = np.random.default_rng(seed)
     kept = []
     for key in sorted(by_class, key=str):
         positions = by_class[key]
@@ -110,7 +126,10 @@ def recast(task, verbalizer: Verbalizer, examples: list[dict], origin: str) -> l
             pairs.append((verbalizer.template.format(second), BINARY_LABELS.index(outcome)))
         else:
             aspects = task.aspects if verbalizer.kind == ASPECTS else (None,)
-            for aspect, gold in zip(aspects, gold_labels(task, e)):
+            kept = e.get("recast_aspects")  # cap_per_class's choice for a multi-aspect task; else all
+            for a, (aspect, gold) in enumerate(zip(aspects, gold_labels(task, e))):
+                if kept is not None and a not in kept:
+                    continue
                 pairs.append((verbalizer.hypothesis(gold, aspect), ENTAILMENT))
                 pairs += [(verbalizer.hypothesis(label, aspect), NOT_ENTAILMENT) for label in task.labels if label != gold]
         for hypothesis, label in pairs:
