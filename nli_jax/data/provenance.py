@@ -15,11 +15,14 @@ import json
 import os
 
 from nli_jax import storage
+from nli_jax.planner import build_plan, saved_config
+from nli_jax.tasks import create_task
+from nli_jax.tasks.base import TEXTS_FROM
+from nli_jax.train.run_init import is_run_directory
 
 
 def texts_from(task_name: str) -> tuple[str, ...]:
     """The datasets task `task_name`'s texts are translated or drawn from (its Task.texts_from)."""
-    from nli_jax.tasks.base import TEXTS_FROM
     return TEXTS_FROM.get(task_name, ())
 
 
@@ -43,9 +46,6 @@ def trained_on(path: str) -> dict[str, str]:
     """{dataset (task name): where the model met it} for the model in `path`: a fine-tuning run's
     workdir (its task's training data and its model.init chain's) or a Hugging Face directory (what
     an nli-jax export recorded; nothing for other checkpoints). Reads configs only, no weights."""
-    from nli_jax.planner import build_plan, saved_config
-    from nli_jax.tasks import create_task
-    from nli_jax.train.run_init import is_run_directory
     out: dict[str, str] = {}
     seen = set()
     while path and path not in seen:
