@@ -41,6 +41,7 @@ flags.DEFINE_string("split", "validation", "the held-out task's split scored zer
 flags.DEFINE_multi_string("task_override", [], "key=value for the held-out tasks' configs, task:key=value for one "
                           "(default data.source: task_options.recast_source)")
 flags.DEFINE_bool("multi_label", False, "score labels as the pipeline's multi_label=True")
+flags.DEFINE_list("ceiling_seeds", [], "the seeds of the ceiling runs (default: every seed of --seeds)")
 flags.DEFINE_bool("ceiling", False, "also fine-tune the same model on each held-out task itself (DIR/ceiling_<task>/"
                   "seed_<s>, the config's model, optimizer and training settings): the table's ceiling column")
 flags.mark_flags_as_required(["config", "workdir", "tasks"])
@@ -145,17 +146,19 @@ def _cell(config, tasks, named, heldout, seed, workdir, canary):
 def table(rows: dict) -> str:
     """Markdown: task (and split), metric, zero-shot and majority baseline (x 100, mean (std)
     over seeds); a row's `not_recast` (tasks left out of its runs for sharing its texts) below."""
-    def cell(values):
+    def cell(values, seeds=None):
         if not values:
             return "-"
         values = [100 * v for v in values]
-        return f"{np.mean(values):.2f} ({np.std(values, ddof=1) if len(values) > 1 else 0.0:.2f})"
+        if len(values) == 1:  # no spread to show
+            return f"{values[0]:.2f}" + (f" (seed {seeds[0]})" if seeds else "")
+        return f"{np.mean(values):.2f} ({np.std(values, ddof=1):.2f})"
     ceiling = any(row.get("ceiling") for row in rows.values())
     lines = ["| held-out task | metric | seeds | zero-shot | majority baseline |" + (" fine-tuned (ceiling) |" if ceiling else ""),
              "|---|---|---|---|---|" + ("---|" if ceiling else "")]
     for task, row in rows.items():
         lines.append(f"| {task} | {row['metric']} | {','.join(map(str, row['seeds']))} | {cell(row['zero_shot'])} | "
-                     f"{cell(row['majority'])} |" + (f" {cell(row['ceiling'])} |" if ceiling else ""))
+                     f"{cell(row['majority'])} |" + (f" {cell(row['ceiling'], row.get('ceiling_seeds'))} |" if ceiling else ""))
     notes = sorted({(task.split()[0], ", ".join(row["not_recast"])) for task, row in rows.items() if row.get("not_recast")})
     lines += [""] + [f"{task}: its runs trained without {names} (texts shared: nli_jax.data.provenance)"
                      for task, names in notes] if notes else []
@@ -190,7 +193,8 @@ def main(argv):
             rows[key] = {"seeds": [], "zero_shot": [], "majority": [], "ceiling": [], "not_recast": not_recast}
         for seed in (int(s) for s in FLAGS.seeds):
             results = _cell(config, tasks, named, heldout, seed, FLAGS.workdir, canary=len(rows) == len(keys))
-            ceiling = _ceiling(config, heldout, seed, FLAGS.workdir)["splits"] if FLAGS.ceiling else {}
+            ceiling = (_ceiling(config, heldout, seed, FLAGS.workdir)["splits"]
+                       if FLAGS.ceiling and (not FLAGS.ceiling_seeds or str(seed) in FLAGS.ceiling_seeds) else {})
             for split, key in keys.items():
                 row, report = rows[key], results["splits"][split]
                 row["metric"] = results["primary_metric"]
@@ -199,6 +203,7 @@ def main(argv):
                 row["majority"].append(report["majority_baseline"][row["metric"]])
                 if split in ceiling:
                     row["ceiling"].append(ceiling[split][row["metric"]])
+                    row.setdefault("ceiling_seeds", []).append(seed)
         storage.write_text(storage.under(FLAGS.workdir, "table.md"), table(rows))
         write_json(storage.under(FLAGS.workdir, "heldout.json"), rows)
     print(table(rows), end="")

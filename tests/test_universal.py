@@ -156,6 +156,16 @@ def test_tasks_sharing_texts_are_never_recast_for_each_other():
     assert overrides_for("emot", overrides) == ["data.max_seq_length=64"]
 
 
+def test_heldout_table_gives_mean_sd_over_seeds_and_a_ceiling_of_fewer_seeds():
+    from finetune.universal_heldout import table
+    rows = {"nusax validation_javanese": {"metric": "f1", "seeds": [1, 2, 3], "zero_shot": [0.3, 0.4, 0.5],
+                                          "majority": [0.2, 0.2, 0.2], "ceiling": [0.8], "ceiling_seeds": [1],
+                                          "not_recast": ["smsa"]}}
+    text = table(rows)
+    assert "| nusax validation_javanese | f1 | 1,2,3 | 40.00 (10.00) | 20.00 (0.00) | 80.00 (seed 1) |" in text, text
+    assert "nusax: its runs trained without smsa" in text
+
+
 def test_nli_and_validation_caps(tmp_path):
     task = _universal(tmp_path, "task_options.recast_tasks=smsa", "task_options.max_per_class=2",
                       "task_options.max_nli_examples=5", "task_options.max_validation_examples=4")
