@@ -10,16 +10,16 @@ majority-class baseline.
 Each cell trains in DIR/heldout_<task>/seed_<s> (resumable; a finished cell is read back, as
 finetune.sweep does) and is scored zero-shot into DIR/heldout_<task>/seed_<s>/zero_shot; a
 held-out task whose runs would train on the same tasks as an earlier one's is scored with that
-one's run (into its zero_shot_<task>). The
-held-out task's data is read from task_options.recast_source unless --task_override says
-otherwise (`key=value` for every held-out task, `task:key=value` for one). A held-out task's run
-never trains on a task it shares texts with (NusaX-Senti and SmSA: nli_jax.data.provenance).
---heldout_only tasks are held out and scored but never recast into the others' runs (a task whose
-data is elsewhere, NusaX-Senti). Every split of the held-out task named --split or
-<split>_<suffix> is scored (NusaX-Senti's validation_<language> with
-task_options.eval_languages), a table row each. --ceiling also fine-tunes the same model on each held-out task itself
-(DIR/ceiling_<task>/seed_<s>). Writes DIR/table.md (the primary metric x 100, mean (std) over
-seeds) and DIR/heldout.json after every task.
+one's run (into its zero_shot_<task>). A held-out task's run never trains on a task it shares
+texts with (NusaX-Senti and SmSA: nli_jax.data.provenance). --heldout_only tasks are held out
+and scored but never recast into the others' runs (a task whose data is elsewhere: NusaX-Senti).
+The held-out task's data is read from task_options.recast_source unless --task_override says
+otherwise (`key=value` for every held-out task, `task:key=value` for one). Every split of the
+held-out task named --split or <split>_<suffix> is scored, a table row each (NusaX-Senti's
+validation_<language>, with task_options.eval_languages). --ceiling also fine-tunes the same
+model on each held-out task itself (DIR/ceiling_<task>/seed_<s>; --ceiling_seeds: for some seeds
+only). Writes DIR/table.md (the primary metric x 100, mean (std) over seeds) and DIR/heldout.json
+after every task.
 """
 from __future__ import annotations
 
