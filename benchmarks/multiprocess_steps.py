@@ -29,7 +29,11 @@ def free_port() -> int:
 
 
 def run(repo: str, steps: int, log_every: int, processes: int, devices: int) -> float:
-    workdir = tempfile.mkdtemp(prefix="multiprocess_steps_")
+    with tempfile.TemporaryDirectory(prefix="multiprocess_steps_") as workdir:  # runs and data copies go with it
+        return _run(repo, workdir, steps, log_every, processes, devices)
+
+
+def _run(repo: str, workdir: str, steps: int, log_every: int, processes: int, devices: int) -> float:
     port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")

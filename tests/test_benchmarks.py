@@ -3,6 +3,7 @@ their JSON promises: every side's figures, the ratios as the sides' quotients, t
 on. The experiments of past issues (benchmarks/experiments/): tests/test_benchmarks_experiments.py."""
 import ast
 import json
+import os
 import pathlib
 import re
 
@@ -295,8 +296,12 @@ def test_compilation_cache(tmp_path):
 def test_multiprocess_steps(tmp_path):
     """This checkout against itself as the peer, alternating: both rates and their ratio (each rate
     from the log interval after the first, steps 4 to 8)."""
+    scratch = tmp_path / "scratch"  # the benchmark's temporary directories: none left behind
+    scratch.mkdir()
     _, result = run_benchmark("benchmarks.multiprocess_steps", "--steps=8", "--log_every=4", "--repeats=2",
-                              f"--peer_repo={REPO}", tmp_path=tmp_path, timeout=1200)
+                              f"--peer_repo={REPO}", tmp_path=tmp_path, timeout=1200,
+                              env=dict(os.environ, TMPDIR=str(scratch)))
+    assert not list(scratch.glob("multiprocess_steps_*"))
     sides = result["sides"]
     for side in ("repo", "peer_repo"):
         assert len(sides[side]["steps_per_s"]) == 2 and all(r > 0 for r in sides[side]["steps_per_s"])

@@ -98,8 +98,9 @@ def main():
     ratios, verdict = {}, {}
     if set(curves) == set(ARMS):
         ratios["crammed_over_bert_steps"] = results["crammed"]["steps"] / results["bert"]["steps"]
-        ratios["crammed_over_bert_final_mlm_accuracy"] = (curves["crammed"][-1]["mlm_accuracy"]
-                                                          / curves["bert"][-1]["mlm_accuracy"])
+        if curves["bert"][-1]["mlm_accuracy"] > 0:  # a smoke run's BERT may predict nothing right
+            ratios["crammed_over_bert_final_mlm_accuracy"] = (curves["crammed"][-1]["mlm_accuracy"]
+                                                              / curves["bert"][-1]["mlm_accuracy"])
         verdict = at_the_same_wall_time(curves, args.minutes * 60 / 5)
         lines += ["", f"crammed ahead of BERT (interpolated at the same wall time) at {verdict['ahead']} of "
                   f"{verdict['points']} crammed evaluations after the first fifth of the budget; smallest margin "
