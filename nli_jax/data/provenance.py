@@ -4,10 +4,10 @@ data, and no text overlap shows it (nli_jax.data.overlap finds copied sentences;
 translation of an SmSA sentence shares no word sequence with it).
 
 A task declares, when it registers, the datasets its texts are translated or drawn from
-(`texts_from`: NusaX-Senti's are SmSA's, Winata et al. 2023) and names the datasets a run of it trains on
-(`Task.trained_task_names`: a universal classifier's recast tasks and its NLI corpus). A model's
-training is its run's tasks, those of every run its `model.init` chain starts from, and those an
-export records in config.json (`nli_jax.trained_on`).
+(`texts_from`: NusaX-Senti's are SmSA's, Winata et al. 2023), and names the datasets a run of it
+trains on (`Task.trained_task_names`: a universal classifier's recast tasks and its NLI corpus). A
+model's training is its run's tasks, those of every run its `model.init` chain starts from, and
+those an export records in config.json (`nli_jax.trained_on`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from nli_jax.train.run_init import is_run_directory
 
 
 def texts_from(task_name: str) -> tuple[str, ...]:
-    """The datasets task `task_name`'s texts are translated or drawn from (its Task.texts_from)."""
+    """The datasets task `task_name`'s texts are translated or drawn from (registered with it)."""
     return TEXTS_FROM.get(task_name, ())
 
 
