@@ -317,6 +317,19 @@ def test_zero_shot_experiment_scores_nusax_languages_against_the_majority(tmp_pa
     assert results["nusax_sundanese"]["majority_f1"] == pytest.approx(
         f1_score(gold, ["positive"] * len(gold), average="macro", zero_division=0))
     assert "| nusax_javanese |" in (tmp_path / "out" / "table.md").read_text()
+    # A checkpoint whose export records SmSA among its training data is refused on NusaX, in one line.
+    import shutil
+    trained = tmp_path / "trained_on_smsa"
+    shutil.copytree(checkpoint, trained)
+    config = json.loads((trained / "config.json").read_text())
+    config.setdefault("nli_jax", {})["trained_on"] = {"smsa": "the run R"}
+    (trained / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.experiments.zero_shot_indonesian",
+                           f"--checkpoints={trained}", f"--nusax={tmp_path / 'nusax'}", "--languages=javanese",
+                           f"--workdir={tmp_path / 'out_refused'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode != 0 and "the run R trained on smsa, and nusax's texts are smsa's" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow  # WSD and one-cycle for 1.2 s of steps each, three 4-step decays, six 32-example fine-tunes: ~1.5 minutes

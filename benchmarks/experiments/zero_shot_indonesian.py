@@ -1,8 +1,9 @@
 """Zero-shot classification of Indonesian and local-language label sets by NLI models (issue 50):
-SmSA and EmoT validation (IndoNLU, through nli_jax.zero_shot.classify) and NusaX-Senti validation
-per language (read here from NusaX's sentiment/<language>/{train,valid}.csv: id,text,label,
-scored with the sentiment verbaliser of nli_jax.verbalizers), macro-F1 beside the majority-class
-baseline (the training split's most frequent label).
+IndoNLU classification tasks' validation (--tasks, default SmSA and EmoT, through
+nli_jax.zero_shot.classify) and NusaX-Senti validation per language (read here from NusaX's
+sentiment/<language>/{train,valid}.csv: id,text,label, scored with the sentiment verbaliser of
+nli_jax.verbalizers; a checkpoint trained on SmSA is refused, as classify refuses it), macro-F1
+beside the majority-class baseline (the training split's most frequent label).
 
     python -m benchmarks.experiments.zero_shot_indonesian --checkpoints=runs/e5_indonli/seed_1,... \\
         --indonlu=../shared/data/indonlu --nusax=../shared/data/nusax --workdir=/tmp/zs_e5 \\
@@ -20,6 +21,8 @@ import numpy as np
 from absl import app, flags
 
 from nli_jax import storage
+from nli_jax.data import provenance
+from nli_jax.errors import RunError
 from nli_jax.metrics import precision_recall_f1
 from nli_jax.plan import default_config
 from nli_jax.tasks import options_config
@@ -28,7 +31,8 @@ from nli_jax.train.reporting import write_json
 from nli_jax.verbalizers import SENTIMENT, verbalizer_for
 
 flags.DEFINE_list("checkpoints", None, "NLI runs or Hugging Face NLI directories (e.g. one per seed)")
-flags.DEFINE_string("indonlu", None, "IndoNLU data folder (SmSA, EmoT); empty: skipped")
+flags.DEFINE_string("indonlu", None, "IndoNLU data folder (the --tasks); empty: skipped")
+flags.DEFINE_list("tasks", ["smsa", "emot"], "IndoNLU classification tasks scored (each with its default verbaliser)")
 flags.DEFINE_string("nusax", None, "NusaX data folder (sentiment/<language>/); empty: skipped")
 flags.DEFINE_list("languages", ["indonesian", "javanese", "sundanese", "balinese", "minangkabau"], "NusaX languages")
 flags.DEFINE_string("workdir", None, "where results.json and table.md go")
@@ -60,12 +64,18 @@ def main(argv):
         out = results[checkpoint] = {}
         workdir = storage.under(FLAGS.workdir, f"checkpoint_{number}")
         if FLAGS.indonlu:
-            for task in ("smsa", "emot"):
+            for task in FLAGS.tasks:
                 config = default_config(task, options_config(task))
                 cli.apply_overrides(config, [f"data.source={FLAGS.indonlu}", f"data.tfds_dir={FLAGS.tfds_dir}"])
                 report = classify(checkpoint, config, workdir=os.path.join(workdir, task))["splits"]["validation"]
                 out[task] = {"f1": report["f1"], "majority_f1": report["majority_baseline"]["f1"], "count": report["count"]}
         if FLAGS.nusax:
+            # Scored here from NusaX's files, not through classify: its refusal of a model trained on
+            # SmSA (whose texts NusaX's are) is made here too.
+            translated = provenance.translated_training(checkpoint, "nusax")
+            if translated:
+                raise RunError(f"{checkpoint}: {translated}: its NusaX scores would be scores on translations of "
+                               "its training data")
             model = load_model(checkpoint, workdir=os.path.join(workdir, "nusax"))
             for language in FLAGS.languages:
                 out[f"nusax_{language}"] = nusax_scores(model, nusax_rows(FLAGS.nusax, language, "valid"),
