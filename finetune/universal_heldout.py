@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
 from nli_jax import storage
 from nli_jax import cli
+from nli_jax.heldout import overrides_for, recast_for, run_owner, table
 
 config_flags.DEFINE_config_file("config", None, "the universal_nli config (path[:variant])", lock_config=True)
 flags.DEFINE_string("workdir", None, "DIR/heldout_<task>/seed_<s> per cell; table.md and heldout.json at the top")
@@ -48,12 +48,6 @@ flags.mark_flags_as_required(["config", "workdir", "tasks"])
 FLAGS = flags.FLAGS
 
 
-def recast_for(heldout: str, tasks) -> list[str]:
-    """The tasks recast for `heldout`'s run: every other one but those sharing its texts."""
-    from nli_jax.data.provenance import share_texts
-    return [t for t in tasks if t != heldout and not share_texts(t, heldout)]
-
-
 def heldout_config(config, heldout: str, tasks, seed: int):
     """The universal run's config with the tasks of recast_for(heldout) recast, at `seed`."""
     from finetune.sweep import with_lr_and_seed
@@ -61,20 +55,6 @@ def heldout_config(config, heldout: str, tasks, seed: int):
     with cell.unlocked():
         cell.task_options.recast_tasks = ",".join(recast_for(heldout, tasks))
     return cell
-
-
-def overrides_for(task: str, overrides) -> list[str]:
-    """The `key=value` items for every task and the `task:key=value` items for `task`."""
-    from nli_jax.tasks import TASKS
-    out = []
-    for item in overrides:
-        prefix, _, rest = item.partition(":")
-        if rest and prefix in TASKS:
-            if prefix == task:
-                out.append(rest)
-        else:
-            out.append(item)
-    return out
 
 
 def target_config(config, task: str, overrides):
@@ -119,12 +99,6 @@ def _ceiling(config, heldout, seed, workdir):
     return outcome["results"]
 
 
-def run_owner(heldout: str, named, tasks) -> str:
-    """The first held-out task (in `named`'s order) whose runs train on what `heldout`'s do: one
-    run serves both (SmSA's and NusaX-Senti's runs, when NusaX is only held out)."""
-    return next(t for t in named if recast_for(t, tasks) == recast_for(heldout, tasks))
-
-
 def _cell(config, tasks, named, heldout, seed, workdir, canary):
     from finetune.sweep import run_cell
     from nli_jax.errors import RunError
@@ -141,28 +115,6 @@ def _cell(config, tasks, named, heldout, seed, workdir, canary):
     target = target_config(config, heldout, FLAGS.task_override)
     return classify(run_dir, target, workdir=scored, splits=scored_splits(target, FLAGS.split),
                     multi_label=FLAGS.multi_label)
-
-
-def table(rows: dict) -> str:
-    """Markdown: task (and split), metric, zero-shot and majority baseline (x 100, mean (std)
-    over seeds); a row's `not_recast` (tasks left out of its runs for sharing its texts) below."""
-    def cell(values, seeds=None):
-        if not values:
-            return "-"
-        values = [100 * v for v in values]
-        if len(values) == 1:  # no spread to show
-            return f"{values[0]:.2f}" + (f" (seed {seeds[0]})" if seeds else "")
-        return f"{np.mean(values):.2f} ({np.std(values, ddof=1):.2f})"
-    ceiling = any(row.get("ceiling") for row in rows.values())
-    lines = ["| held-out task | metric | seeds | zero-shot | majority baseline |" + (" fine-tuned (ceiling) |" if ceiling else ""),
-             "|---|---|---|---|---|" + ("---|" if ceiling else "")]
-    for task, row in rows.items():
-        lines.append(f"| {task} | {row['metric']} | {','.join(map(str, row['seeds']))} | {cell(row['zero_shot'])} | "
-                     f"{cell(row['majority'])} |" + (f" {cell(row['ceiling'], row.get('ceiling_seeds'))} |" if ceiling else ""))
-    notes = sorted({(task.split()[0], ", ".join(row["not_recast"])) for task, row in rows.items() if row.get("not_recast")})
-    lines += [""] + [f"{task}: its runs trained without {names} (texts shared: nli_jax.data.provenance)"
-                     for task, names in notes] if notes else []
-    return "\n".join(lines) + "\n"
 
 
 def main(argv):

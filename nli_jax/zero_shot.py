@@ -257,7 +257,7 @@ def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation"
     translated = provenance.translated_training(checkpoint, task.name)
     if translated and not allow_overlap:
         raise RunError(f"{checkpoint}: {translated}: its zero-shot scores on {task.name} would be scores on "
-                       "translations of its training data; pass allow_overlap to score anyway")
+                       "translations of its training data; pass --allow_overlap (allow_overlap=True) to score anyway")
     with workdir_lib.lock(workdir, "finetune.zero_shot"):
         setup_logging(workdir)
         model = load_model(checkpoint, workdir=workdir, max_seq_length=max_seq_length,

@@ -140,9 +140,18 @@ def test_a_model_trained_on_smsa_is_never_scored_on_nusax_indonesian(shared_data
     smsa.data.source = str(shared_data / "indonlu")
     smsa.train.max_steps = 2
     train_and_evaluate(smsa, str(tmp_path / "smsa"))
-    with pytest.raises(OverlapError, match=r"indonesian/valid.csv overlaps the training examples \(split 'train' of "
-                                           r"smsa .*, trained on by the run .*smsa this one starts from\): 74 of 100"):
-        train_and_evaluate(nusax(shared_data, "indonesian", init=tmp_path / "smsa"), str(tmp_path / "nusax_id"))
+    # By provenance (NusaX's texts are SmSA's), before the text overlap (74 of NusaX-Indonesian's 100
+    # validation texts are in SmSA's training split; docs/finetuning.md): also for a translation, which
+    # shares no text with SmSA.
+    for language in ("indonesian", "javanese"):
+        with pytest.raises(OverlapError, match=r"model.init=.*smsa: the run .*smsa trained on smsa, and nusax's texts "
+                                               r"are smsa's"):
+            train_and_evaluate(nusax(shared_data, language, init=tmp_path / "smsa"), str(tmp_path / f"nusax_{language}"))
+    # Allowed, the run records the text overlap with the run it starts from: 74 of the 100.
+    allowed = nusax(shared_data, "indonesian", init=tmp_path / "smsa")
+    allowed.data.allow_overlap = True
+    results = train_and_evaluate(allowed, str(tmp_path / "nusax_allowed"))
+    assert results["overlap"]["validation"]["earlier_runs"][str(tmp_path / "smsa")]["overlapping"] == 74
 
 
 def test_the_chain_runs_its_links_in_order_and_a_rerun_resumes_without_rerunning_finished_links(shared_data, tmp_path):

@@ -144,7 +144,7 @@ def test_recast_tasks_are_checked_by_the_planner(tmp_path):
 
 
 def test_tasks_sharing_texts_are_never_recast_for_each_other():
-    from finetune.universal_heldout import overrides_for, recast_for
+    from nli_jax.heldout import overrides_for, recast_for
     from nli_jax.data.provenance import share_texts
     assert share_texts("nusax", "smsa") and share_texts("smsa", "nusax")
     assert not share_texts("smsa", "smsa") and not share_texts("emot", "nusax")
@@ -157,7 +157,7 @@ def test_tasks_sharing_texts_are_never_recast_for_each_other():
 
 
 def test_heldout_table_gives_mean_sd_over_seeds_and_a_ceiling_of_fewer_seeds():
-    from finetune.universal_heldout import table
+    from nli_jax.heldout import table
     rows = {"nusax validation_javanese": {"metric": "f1", "seeds": [1, 2, 3], "zero_shot": [0.3, 0.4, 0.5],
                                           "majority": [0.2, 0.2, 0.2], "ceiling": [0.8], "ceiling_seeds": [1],
                                           "not_recast": ["smsa"]}}
