@@ -254,7 +254,7 @@ def classify(checkpoint: str, task_config, *, workdir: str, splits=("validation"
         raise RunError(f"task {task.name!r} has no split(s) {missing} in its data (it has {sorted(data)})")
     nli_columns(_checkpoint_labels(tools.resolve_checkpoint(checkpoint), checkpoint)[0], checkpoint)  # no weights read
     trained = provenance.trained_on(checkpoint)
-    translated = provenance.translated_training(checkpoint, task.name)
+    translated = provenance.translated_training(checkpoint, task.name, trained)
     if translated and not allow_overlap:
         raise RunError(f"{checkpoint}: {translated}: its zero-shot scores on {task.name} would be scores on "
                        "translations of its training data; pass --allow_overlap (allow_overlap=True) to score anyway")

@@ -62,10 +62,11 @@ def trained_on(path: str) -> dict[str, str]:
     return out
 
 
-def translated_training(path: str, task_name: str) -> str | None:
+def translated_training(path: str, task_name: str, trained: dict[str, str] | None = None) -> str | None:
     """A one-clause description of why the model in `path` has seen `task_name`'s texts in
-    another dataset (the model trained on a dataset it shares texts with), or None."""
-    for name, where in trained_on(path).items():
+    another dataset (the model trained on a dataset it shares texts with), or None. `trained`:
+    trained_on(path) when the caller has it already."""
+    for name, where in (trained_on(path) if trained is None else trained).items():
         if share_texts(name, task_name):
             source, derived = (name, task_name) if name in texts_from(task_name) else (task_name, name)
             return (f"{where} trained on {name}, and {derived}'s texts are {source}'s (translated or drawn "
