@@ -88,8 +88,9 @@ def pretraining_plan(lr: float):
     return build_plan(config)
 
 
-def loop_step_fn(model, plan, seed=0):
-    """The step nli_jax.train.loop.train() runs: its own initial_state_and_step, placed as it places it."""
+def loop_state_and_step(model, plan, seed=0):
+    """(state, step, batch_sharding): the state and step nli_jax.train.loop.train() runs, its own
+    initial_state_and_step, placed as it places it (the plan's batch ramp, if any, included)."""
     task = create_task(plan)  # its loss on given batches: nothing of the tokenizer needed
     check_dropout_streams(model)
     mesh = mesh_lib.make_mesh(plan.mesh.shape_dict)
@@ -97,10 +98,17 @@ def loop_step_fn(model, plan, seed=0):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     param_shardings = mesh_lib.param_shardings(model, mesh, plan.mesh.rules)
     params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
-    tx, schedule = make_optimizer(plan.optimizer, total_steps=1_000_000, steps_per_epoch=1_000_000, warmup_steps=0)
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=1_000_000, steps_per_epoch=1_000_000,
+                                  warmup_steps=0)
     plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, seed=seed))
     steps = StepSetup(plan, task, graphdef, rest, param_shardings, batch_sharding, mesh)
     state, step = initial_state_and_step(steps, params, tx, schedule)
+    return state, step, batch_sharding
+
+
+def loop_step_fn(model, plan, seed=0):
+    """The step nli_jax.train.loop.train() runs (loop_state_and_step) as a call on a converted batch."""
+    state, step, batch_sharding = loop_state_and_step(model, plan, seed)
     holder = [state]
 
     def run(batch):

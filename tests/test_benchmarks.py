@@ -117,6 +117,29 @@ def test_mlm_train_step(tmp_path):
     assert "GFLOP/s" in proc.stdout and peak["formula"] in proc.stdout
 
 
+def test_step_profile(tmp_path):
+    """The loop's own step (with :cpu_test's batch ramp) profiled: every thunk's time goes to the
+    function of the repository that traced it, forward and backward apart, the dots of fusions
+    counted as dots; PyTorch's step profiled beside it."""
+    proc, result = run_benchmark("benchmarks.step_profile", "--model=tiny-crammed", "--batch=4", "--seq=16",
+                                 "--predictions=3", "--steps=2", "--recipe=crammed:cpu_test", "--torch",
+                                 tmp_path=tmp_path)
+    r = result["nli_jax"]
+    functions = r["functions"]
+    model = "nli_jax/models/modernbert.py:"
+    for name in ("GeGLU.__call__", "Attention.__call__", "MaskedLMHead.__call__", "_normed"):
+        assert functions[model + name]["forward"] > 0 and functions[model + name]["backward"] > 0, name
+    assert functions["nli_jax/losses.py:weighted_cross_entropy"]["forward"] > 0
+    assert any(f.startswith("nli_jax/train/batch_ramp.py:") for f in functions)  # the ramp's accumulation
+    assert sum(sum(parts.values()) for parts in functions.values()) == pytest.approx(r["thunk_s_per_step"])
+    assert r["unattributed_share"] < 0.25 and r["kinds"]["dot"] > 0 and len(r["step_times_s"]) == 2
+    assert any(line.startswith(model) for line in r["lines"])
+    torch_side = result["pytorch"]
+    assert torch_side["kinds"]["dot"] > 0 and torch_side["self_cpu_s_per_step"] > 0
+    assert_ratio(result, "nli_jax_over_pytorch_tokens_per_s", 1 / r["median_step_s"], 1 / torch_side["median_step_s"])
+    assert "GeGLU.__call__" in proc.stdout and "by kind" in proc.stdout
+
+
 def test_device_check_tiny(tmp_path):
     """The accelerator check's CPU mode: every kind of row (MLM of BERT and ModernBERT at two
     lengths, IndoNLI fine-tuning) through the loop's own bf16 step and PyTorch's; MFU against the

@@ -7,6 +7,7 @@ from flax import nnx
 
 from configs.finetune_common import MESH_RULES
 from conftest import config_for, optimizer_plan, task_for
+from nli_jax.losses import argmax_hits, weighted_accuracy
 from nli_jax.metrics import accuracy, accuracy_by, accuracy_by_tag
 from nli_jax.models import ForSequenceClassification, make_rngs, preset
 from nli_jax.train import mesh as mesh_lib
@@ -68,11 +69,26 @@ def test_gradient_accumulation_equals_one_big_batch():
     (s1, m1), (s4, m4) = results
     assert float(m1["weight"]) == float(m4["weight"]) == 7
     np.testing.assert_allclose(m1["loss_sum"], m4["loss_sum"], rtol=1e-5)
+    # One batch divides the loss before the backward pass, accumulation the summed gradients after
+    # it: the mean gradient's norm is the same (Adam's first update below hardly sees a scale).
+    np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-5)
     # Adam's first update is lr * g / (|g| + eps): where a gradient is near eps, float summation
     # order moves it by a few 1e-6; a wrong accumulation (e.g. a mean of micro-batch means with
     # the zero-weight row) moves many parameters by ~lr = 1e-3.
     for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s4["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+
+
+def test_argmax_hits_is_argmax_equals_label_with_ties_infinities_and_labels_out_of_range():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-2, 3, (400, 6)).astype(np.float32)  # small integers: many ties for the largest
+    logits[::7, 0] = -np.inf
+    logits[::11] = 0.0  # every entry tied: only index 0 is argmax
+    labels = rng.integers(-2, 9, 400)  # some negative, some past the last index
+    np.testing.assert_array_equal(np.asarray(jax.jit(argmax_hits)(logits, labels)), np.argmax(logits, -1) == labels)
+    # the metric the train step sums
+    correct, count = weighted_accuracy(jnp.asarray(logits), jnp.asarray(labels), jnp.ones(400))
+    assert float(correct) == np.sum(np.argmax(logits, -1) == labels) and float(count) == 400
 
 
 def test_accuracy_breakdowns_by_hand():

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
+from nli_jax.losses import argmax_hits, weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import electra
 from nli_jax.models.presets import PRESETS
 from nli_jax.plan import option
@@ -109,7 +109,7 @@ class ElectraPretraining(Pretraining):
         said = model.replaced_token_logits(corrupted, batch["attention_mask"], batch["token_type_ids"],
                                            deterministic=True) > 0
         real = batch["attention_mask"] > 0
-        hit = (jnp.argmax(logits, -1) == batch["masked_ids"]) * batch["masked_weights"]
+        hit = argmax_hits(logits, batch["masked_ids"]) * batch["masked_weights"]
         count = lambda x: jnp.sum(x & real, axis=-1).astype(jnp.float32)  # noqa: E731
         return {"mlm_correct": hit.sum(-1), "mlm_count": batch["masked_weights"].sum(-1),
                 "rtd_correct": count(said == replaced), "rtd_count": count(jnp.ones_like(real)),

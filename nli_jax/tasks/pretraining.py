@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from nli_jax import storage
 from nli_jax.data.pipeline import Subset
 from nli_jax.errors import RunError
-from nli_jax.losses import weighted_accuracy, weighted_cross_entropy
+from nli_jax.losses import argmax_hits, weighted_accuracy, weighted_cross_entropy
 from nli_jax.models import ForMaskedLM, families
 from nli_jax.plan import BatchPlan, DataPlan, ModelPlan, PretrainPlan, TaskOptions, option
 from nli_jax.pretraining.continued import check_checkpoint, vocabulary_dir
@@ -308,7 +308,7 @@ class Pretraining(Task):
 
     def predict(self, model, batch):
         out = self._outputs(model, batch, True)
-        hit = (jnp.argmax(out["mlm_logits"], -1) == batch["masked_ids"]) * batch["masked_weights"]
+        hit = argmax_hits(out["mlm_logits"], batch["masked_ids"]) * batch["masked_weights"]
         pred = {"mlm_correct": hit.sum(-1), "mlm_count": batch["masked_weights"].sum(-1)}
         if self.mask_id is not None:
             # The predictions whose input is [MASK] (80% of them): only context answers these; the

@@ -53,15 +53,14 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
     dropout seed, "lr": a factor of the updates and of `schedule`} as inputs, not constants: a
     sweep's seeds and learning rates compile it once (and the persistent cache serves every cell).
 
-    `step_param_dtype` (model.step_param_dtype "bfloat16"): forward and backward on a copy of the
-    parameters in that dtype (gradients and their collectives too); the optimizer updates the
-    float32 master weights from the gradients cast back.
+    `step_param_dtype` (model.step_param_dtype "bfloat16"): forward and backward on a copy of the parameters
+    in that dtype (gradients and collectives too), float32 master weights updated from the gradients cast back.
 
     With accumulation, batches come shard by shard over the `data_parallel` devices (pipeline.shard_major):
     micro-batch m is [:, m] of [data_parallel, accumulation_steps, n], each device's own rows."""
     rest = nnx.to_pure_dict(rest)  # plain arrays: merged afresh inside each trace
 
-    def loss_and_grads(params, batch, key):
+    def loss_and_grads(params, batch, key, *, mean: bool = False):
         if step_param_dtype is not None:
             master = params
             params = jax.tree.map(lambda p: p.astype(step_param_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
@@ -72,8 +71,9 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
             nnx.reseed(model, dropout=key)
             loss_sum, weight, sums = task.loss(model, batch, deterministic=False)
             outcomes = sums.pop(PER_EXAMPLE, {})
-            return loss_sum, (weight, sums, outcomes)
-        (loss_sum, (weight, sums, outcomes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            objective = loss_sum / jax.lax.stop_gradient(jnp.maximum(weight, 1.0)) if mean else loss_sum
+            return objective, (loss_sum, weight, sums, outcomes)
+        (_, (loss_sum, weight, sums, outcomes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         if step_param_dtype is not None:  # accumulated and applied in the master weights' dtype
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, master)
         return grads, {"loss_sum": loss_sum, "weight": weight, **sums}, outcomes
@@ -90,8 +90,8 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
         normalizers = task.loss_normalizers(batch)
         if normalizers is not None:
             batch = {**batch, "loss_normalizers": normalizers}
-        if accumulation_steps == 1:
-            grads, sums, outcomes = loss_and_grads(params, batch, step_key)
+        if accumulation_steps == 1:  # its mean's gradients: no pass dividing them after (5% of a CPU step)
+            grads, sums, outcomes = loss_and_grads(params, batch, step_key, mean=True)
         else:
             split = {k: v for k, v in batch.items() if k != "loss_normalizers"}
             micro = micro_batches(split, accumulation_steps, data_parallel)
@@ -107,8 +107,8 @@ def make_train_step(graphdef, rest, task, tx, schedule, *, seed: int | None, acc
             # Back in the batch's own order (shard by shard), as its idx and weight are.
             outcomes = jax.tree.map(lambda x: swap_blocks(x.reshape(-1, *x.shape[2:]), accumulation_steps,
                                                           data_parallel), outcomes)
-        # Mean over the weighted examples of the whole global batch.
-        grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
+            # Mean over the weighted examples of the whole global batch.
+            grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         lr = schedule(state["step"])
         if lr_factor is not None:
