@@ -17,7 +17,7 @@ many steps run without the profiler.
 
 With `--torch`, transformers' model of the same config in the same process, profiled by
 torch.profiler over the same number of steps: its self CPU time per aten operation and input
-shapes, and per kind (matmuls, log-softmax and loss, attention, copies, optimizer, other), beside nli-jax's per-kind
+shapes, and per kind (matmuls, log-softmax and loss, attention, layer norm, copies, optimizer, other), beside nli-jax's per-kind
 totals (dots, copies, other); and one float32 product of the step's q/k/v shape alone in XLA and in
 PyTorch, in GFLOP/s against the CPU's peak: the frameworks' matrix kernels differ per CPU kind.
 """
@@ -110,8 +110,10 @@ def torch_profile(config, plan, batch, *, steps: int, warmup: int = 2) -> tuple[
 TORCH_KINDS = (("log-softmax / loss", ("log_softmax", "nll_loss", "cross_entropy")),
                ("dot", ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "_mkldnn", "mkldnn")),
                ("attention", ("attention", "softmax", "_efficient")),
+               ("layer norm", ("layer_norm",)),
                ("copy / transpose", ("copy_", "contiguous", "clone", "transpose", "permute", "cat", "_to_copy")),
-               ("optimizer", ("_foreach", "_fused_adam", "adamw", "norm", "clamp")))
+               ("optimizer", ("_foreach", "_fused_adam", "Optimizer", "lerp_", "addcdiv_", "addcmul_",
+                              "linalg_vector_norm", "clamp")))
 
 
 def torch_kind(op: str) -> str:
