@@ -17,6 +17,9 @@ Sides (--sides):
   pytorch-eager        transformers' BertForMaskedLM called with labels as users do (logits at
                        every position, loss at the labelled ones), torch.optim.AdamW,
                        clip_grad_norm_; torch.set_num_threads(os.cpu_count()).
+  pytorch-sparse       ModernBERT only, on request: transformers' ModernBertForMaskedLM with its
+                       sparse_prediction option (the decoder at the labelled positions only, as
+                       nli-jax's head): the peer at its fastest.
 
 Every side: the same shapes, the same masked positions (15% of tokens, at most 20 per
 sequence), dropout 0.1, and the optimizer of configs/pretrain (AdamW, decay 0.01 not on biases
@@ -59,6 +62,7 @@ from nli_jax.train.steps import check_dropout_streams  # noqa: E402
 from benchmarks import harness  # noqa: E402
 
 SIDES = ("nli-jax", "nli-jax-handwritten", "pytorch-eager")
+SPARSE_PEER = "pytorch-sparse"  # transformers' sparse_prediction: a ModernBERT option
 
 
 def make_batch(vocab, batch, length, predictions, seed=0):
@@ -98,8 +102,8 @@ def loop_state_and_step(model, plan, seed=0):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     param_shardings = mesh_lib.param_shardings(model, mesh, plan.mesh.rules)
     params = mesh_lib.put_global(nnx.to_pure_dict(params), param_shardings)
-    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=1_000_000, steps_per_epoch=1_000_000,
-                                  warmup_steps=0)
+    tx, schedule = make_optimizer(plan.optimizer, plan.schedule, plan.batch_ramp, total_steps=1_000_000,
+                                  steps_per_epoch=1_000_000, warmup_steps=0)
     plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, seed=seed))
     steps = StepSetup(plan, task, graphdef, rest, param_shardings, batch_sharding, mesh)
     state, step = initial_state_and_step(steps, params, tx, schedule)
@@ -146,16 +150,19 @@ def handwritten_step_fn(model, plan):
     return run, lambda batch: jax.tree.map(jnp.asarray, batch)
 
 
-def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, num_labels: int = 0):
+def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, num_labels: int = 0,
+                  sparse_prediction: bool = False):
     """(run, convert, torch): one step of transformers' model of `config` (AutoModelForMaskedLM, or
     AutoModelForSequenceClassification with `num_labels`) on `device`, float32 parameters, under
     torch.autocast(bfloat16) with `bf16`; `convert` makes a batch of make_batch (or of
-    benchmarks.device_check.classification_batch) its inputs on that device."""
+    benchmarks.device_check.classification_batch) its inputs on that device. `sparse_prediction`:
+    ModernBERT's option decoding the labelled positions only."""
     import torch
     import transformers
     torch.set_num_threads(os.cpu_count())
     hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.to_hf_dict().items() if k != "dtype"},
-                                           **({"num_labels": num_labels} if num_labels else {}))
+                                           **({"num_labels": num_labels} if num_labels else {}),
+                                           **({"sparse_prediction": True} if sparse_prediction else {}))
     auto = transformers.AutoModelForSequenceClassification if num_labels else transformers.AutoModelForMaskedLM
     model = auto.from_config(hf).to(device).train()
     # nli_jax.train.optimizers.decay_mask: decay on matrices (kernels, embeddings) only.
@@ -168,7 +175,9 @@ def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, n
 
     def run(batch):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(**batch).loss
+            out = model(**batch)
+        loss = out.loss
+        run.decoded_rows = int(np.prod(out.logits.shape[:-1]))  # positions the head decoded
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
         opt.step()
@@ -201,25 +210,30 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help=f"comma-separated, of {', '.join(SIDES)} (and {SPARSE_PEER} for ModernBERT)")
     args = parser.parse_args()
     print(f"{harness.line()}; host allocator: {HOST_MALLOC}", flush=True)  # ratios differ between CPUs
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if not sides or set(sides) - set(SIDES):
-        parser.error(f"--sides: expected some of {', '.join(SIDES)}, got {args.sides!r}")
+    if not sides or set(sides) - {*SIDES, SPARSE_PEER}:
+        parser.error(f"--sides: expected some of {', '.join(SIDES)}, {SPARSE_PEER}, got {args.sides!r}")
 
     config = preset(args.model, max_position_embeddings=max(512, args.seq))
+    if SPARSE_PEER in sides and config.model_type != "modernbert":
+        parser.error(f"--sides: {SPARSE_PEER} is transformers' ModernBERT option; --model={args.model} is "
+                     f"{config.model_type}")
     plan = pretraining_plan(args.lr)
     batch = make_batch(config.vocab_size, args.batch, args.seq, args.predictions)
-    calls, torch = {}, None
+    calls, runs, torch = {}, {}, None
     for name in sides:
         if name == "nli-jax":
             run, convert = loop_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
         elif name == "nli-jax-handwritten":
             run, convert = handwritten_step_fn(ForMaskedLM(config, sentence_head=False, rngs=make_rngs(0)), plan)
         else:
-            run, convert, torch = torch_step_fn(config, plan.optimizer)
+            run, convert, torch = torch_step_fn(config, plan.optimizer, sparse_prediction=name == SPARSE_PEER)
         calls[name] = functools.partial(run, convert(batch))
+        runs[name] = run
     # Warm-up: nli-jax's first step compiles; PyTorch's sets up its allocator and oneDNN primitives.
     timings = harness.time_sides(calls, rounds=args.rounds, calls=args.steps, warmup=2)
 
@@ -239,8 +253,10 @@ def main():
     result.update(training_flops_per_token=flops_per_token, cpu_peak=peak)
     for name, timing in timings.items():
         achieved = tokens / timing.median * flops_per_token / 1e9
-        result["sides"][name] = dict(timing.summary(), tokens_per_s=tokens / timing.median, step_times_s=timing.times,
-                                     gflops=achieved, share_of_peak=achieved / peak["gflops"] if peak["gflops"] else None)
+        decoded = {"decoded_rows": runs[name].decoded_rows} if hasattr(runs[name], "decoded_rows") else {}
+        result["sides"][name] = dict(timing.summary(), **decoded, tokens_per_s=tokens / timing.median,
+                                     step_times_s=timing.times, gflops=achieved,
+                                     share_of_peak=achieved / peak["gflops"] if peak["gflops"] else None)
     print(f"MLM train step, {args.model}, batch {args.batch} x seq {args.seq}, fp32, clipped AdamW, {os.cpu_count()} "
           f"cores; {args.rounds} rounds x {args.steps} steps per side")
     print(f"  FP32 peak {peak['gflops']:.0f} GFLOP/s ({peak['formula']}); {flops_per_token / 1e6:.1f} MFLOP per token")
@@ -253,7 +269,7 @@ def main():
     # tokens/s ratio = ratio of the median step times, the denominator's over the numerator's
     ratios = {f"{a}_over_{b}_tokens_per_s".replace("-", "_"): timings[b].median / timings[a].median
               for a, b in (("nli-jax", "pytorch-eager"), ("nli-jax-handwritten", "pytorch-eager"),
-                           ("nli-jax", "nli-jax-handwritten")) if a in sides and b in sides}
+                           ("nli-jax", "nli-jax-handwritten"), ("nli-jax", SPARSE_PEER)) if a in sides and b in sides}
     for name, value in ratios.items():
         print(f"  ratio {name}: {value:.2f}x")
     harness.write_result(args.json, result, ratios=ratios)

@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -115,6 +117,23 @@ def test_mlm_train_step(tmp_path):
         assert r["gflops"] == pytest.approx(r["tokens_per_s"] * by_hand / 1e9), side
         assert r["share_of_peak"] == pytest.approx(r["gflops"] / peak["gflops"]), side
     assert "GFLOP/s" in proc.stdout and peak["formula"] in proc.stdout
+
+
+def test_mlm_train_step_against_transformers_sparse_prediction(tmp_path):
+    """ModernBERT's peer at its fastest (sparse_prediction: the decoder at the labelled positions
+    only); asked of another family, refused before anything is built."""
+    proc, result = run_benchmark("benchmarks.mlm_train_step", "--model=tiny-modernbert", "--steps=1", "--rounds=2",
+                                 "--sides=nli-jax,pytorch-sparse", tmp_path=tmp_path)
+    sides = result["sides"]
+    assert set(sides) == {"nli-jax", "pytorch-sparse"}
+    # 8 rows x the 19 masked positions of make_batch at length 128, not 8 x 128: the decoder is sparse
+    assert sides["pytorch-sparse"]["decoded_rows"] == 8 * 19
+    assert_ratio(result, "nli_jax_over_pytorch_sparse_tokens_per_s", sides["nli-jax"]["tokens_per_s"],
+                 sides["pytorch-sparse"]["tokens_per_s"])
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.mlm_train_step", "--model=tiny-bert",
+                              "--sides=nli-jax,pytorch-sparse"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "pytorch-sparse is transformers' ModernBERT option" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_step_profile(tmp_path):
