@@ -17,9 +17,10 @@ many steps run without the profiler.
 
 With `--torch`, transformers' model of the same config in the same process, profiled by
 torch.profiler over the same number of steps: its self CPU time per aten operation and input
-shapes, and per kind (matmuls, log-softmax and loss, attention, layer norm, copies, optimizer, other), beside nli-jax's per-kind
-totals (dots, copies, other); and one float32 product of the step's q/k/v shape alone in XLA and in
-PyTorch, in GFLOP/s against the CPU's peak: the frameworks' matrix kernels differ per CPU kind.
+shapes, and per kind (matmuls, log-softmax and loss, attention, layer norm, copies, optimizer,
+other), beside nli-jax's per-kind totals (dots, copies, other); and one float32 product of the
+step's q/k/v shape alone in XLA and in PyTorch, in GFLOP/s against the CPU's peak: the frameworks'
+matrix kernels differ per CPU kind.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from nli_jax.cli import host_memory  # noqa: E402
 HOST_MALLOC = host_memory.configure()
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.mlm_train_step import loop_state_and_step, make_batch, pretraining_plan, torch_step_fn  # noqa: E402
@@ -87,8 +89,8 @@ def profile_loop_step(model, plan, batch, *, steps: int, warmup: int = 2):
 
 
 def torch_profile(config, plan, batch, *, steps: int, warmup: int = 2) -> tuple[dict[str, float], list[float]]:
-    """(self CPU seconds per aten operation and input shapes over `steps` steps, wall seconds of `steps` unprofiled
-    steps) of transformers' model of `config` (mlm_train_step's PyTorch side)."""
+    """(self CPU seconds per aten operation and input shapes over `steps` steps, wall seconds of
+    `steps` unprofiled steps) of transformers' model of `config` (mlm_train_step's PyTorch side)."""
     run, convert, torch = torch_step_fn(config, plan.optimizer)
     inputs = convert(batch)
     for _ in range(warmup):
@@ -125,10 +127,9 @@ def torch_kind(op: str) -> str:
 
 
 def gemm_peers(m: int, k: int, n: int, *, repeats: int = 10) -> dict[str, float]:
-    """GFLOP/s of one float32 [m, k] x [k, n] product (the step's widest layer product) in XLA
-    (jax.jit of jnp.dot) and in PyTorch (torch.mm: MKL, as this PyTorch is built), median of
-    `repeats`: how far apart the two frameworks' matrix kernels are on this CPU."""
-    import numpy as np
+    """GFLOP/s of one float32 [m, k] x [k, n] product in XLA (jax.jit of jnp.dot) and in PyTorch
+    (torch.mm: MKL, as this PyTorch is built), median of `repeats`: how far apart the two
+    frameworks' matrix kernels are on this CPU."""
     import torch  # only with --torch: the peer's kernels
     a, b = np.random.default_rng(0).standard_normal((2, max(m, k), max(k, n)), dtype=np.float32)
     a, b = a[:m, :k].copy(), b[:k, :n].copy()
@@ -149,7 +150,8 @@ def report(title: str, attribution: Attribution, wall: list[float], steps: int, 
     for (function, direction), s in attribution.by_function.items():
         functions[function][direction or "forward"] += s
     rows = sorted(functions.items(), key=lambda kv: -sum(kv[1].values()))
-    print(f"  {'function (innermost frame in the repository)':70s} {'share':>6s} {'ms/step':>8s} {'fwd':>7s} {'bwd':>7s}")
+    print(f"  {'function (innermost frame in the repository)':70s} {'share':>6s} {'ms/step':>8s} "
+          f"{'fwd':>7s} {'bwd':>7s}")
     for function, parts in rows:
         total = sum(parts.values())
         print(f"  {function:70s} {total / attribution.total:6.1%} {1e3 * total / steps:8.2f} "
@@ -193,21 +195,22 @@ def main():
     ratios = {}
     if args.torch:
         ops, torch_wall = torch_profile(config, plan, batch, steps=args.steps)
-        total = sum(ops.values())
+        total, median = sum(ops.values()), statistics.median(torch_wall)
         kinds = collections.defaultdict(float)
         for op, s in ops.items():
             kinds[torch_kind(op)] += s
-        median = statistics.median(torch_wall)
+        largest = lambda d: sorted(d.items(), key=lambda kv: -kv[1])  # noqa: E731
         print(f"transformers + PyTorch, same config and batch: median step {median:.4f} s unprofiled; "
               f"self CPU {total / args.steps:.4f} s per step")
-        print("  by kind: " + ", ".join(f"{k} {v / total:.1%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
-        for op, s in sorted(ops.items(), key=lambda kv: -kv[1])[:args.top]:
+        print("  by kind: " + ", ".join(f"{k} {v / total:.1%}" for k, v in largest(kinds)))
+        for op, s in largest(ops)[:args.top]:
             print(f"    {s / total:6.1%} {1e3 * s / args.steps:8.2f} ms  {op}")
-        result["pytorch"] = {"median_step_s": median, "step_times_s": torch_wall, "self_cpu_s_per_step": total / args.steps,
+        result["pytorch"] = {"median_step_s": median, "step_times_s": torch_wall,
+                             "self_cpu_s_per_step": total / args.steps,
                              "kinds": {k: v / args.steps for k, v in kinds.items()},
-                             "ops": {k: v / args.steps for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:args.top]}}
-        ratios["nli_jax_over_pytorch_tokens_per_s"] = median / result["nli_jax"]["median_step_s"]
-        print(f"  ratio nli-jax over PyTorch (tokens/s, unprofiled medians): {ratios['nli_jax_over_pytorch_tokens_per_s']:.2f}x")
+                             "ops": {k: v / args.steps for k, v in largest(ops)[:args.top]}}
+        ratio = ratios["nli_jax_over_pytorch_tokens_per_s"] = median / result["nli_jax"]["median_step_s"]
+        print(f"  ratio nli-jax over PyTorch (tokens/s, unprofiled medians): {ratio:.2f}x")
         shape = (args.batch * args.seq, config.hidden_size, 3 * config.hidden_size)  # the q, k, v product
         gemm = gemm_peers(*shape)
         peak = harness.cpu_peak()
