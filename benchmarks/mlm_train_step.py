@@ -176,8 +176,8 @@ def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, n
     def run(batch):
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             out = model(**batch)
-        loss = out.loss
-        run.decoded_rows = int(np.prod(out.logits.shape[:-1]))  # positions the head decoded
+        loss, run.decoded_rows = out.loss, int(np.prod(out.logits.shape[:-1]))  # positions the head decoded
+        del out  # the logits are not held past the backward pass
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
         opt.step()
