@@ -201,13 +201,19 @@ def torch_step_fn(config, opt_cfg, *, device: str = "cpu", bf16: bool = False, n
     return run, convert, torch
 
 
-def main():
-    parser = harness.parser(__doc__)
-    parser.add_argument("--model", default="indobert-base", help="preset name (nli_jax.models.PRESETS)")
+def add_step_arguments(parser, *, model: str) -> None:
+    """The step's model and batch (make_batch's shape) and learning rate: --model --batch --seq
+    --predictions --lr, shared with benchmarks.step_profile."""
+    parser.add_argument("--model", default=model, help="preset name (nli_jax.models.PRESETS)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--predictions", type=int, default=20, help="max_predictions_per_seq")
     parser.add_argument("--lr", type=float, default=1e-4)
+
+
+def main():
+    parser = harness.parser(__doc__)
+    add_step_arguments(parser, model="indobert-base")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sides", default=",".join(SIDES),

@@ -40,7 +40,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.mlm_train_step import loop_state_and_step, make_batch, pretraining_plan, torch_step_fn  # noqa: E402
+from benchmarks.mlm_train_step import (add_step_arguments, loop_state_and_step, make_batch, pretraining_plan,  # noqa: E402
+                                      torch_step_fn)
 from nli_jax.data import pipeline  # noqa: E402
 from nli_jax.models import ForMaskedLM, make_rngs, preset  # noqa: E402
 from nli_jax.planner import build_plan  # noqa: E402
@@ -140,6 +141,11 @@ def gemm_peers(m: int, k: int, n: int, *, repeats: int = 10) -> dict[str, float]
     return {side: 2 * m * k * n / t.median / 1e9 for side, t in timings.items()}
 
 
+def largest(seconds: dict) -> list:
+    """(name, seconds) pairs, the largest first."""
+    return sorted(seconds.items(), key=lambda kv: -kv[1])
+
+
 def report(title: str, attribution: Attribution, wall: list[float], steps: int, top: int) -> dict:
     median = statistics.median(wall)
     threads = os.cpu_count()
@@ -157,24 +163,20 @@ def report(title: str, attribution: Attribution, wall: list[float], steps: int, 
         print(f"  {function:70s} {total / attribution.total:6.1%} {1e3 * total / steps:8.2f} "
               f"{1e3 * parts['forward'] / steps:7.2f} {1e3 * parts['backward'] / steps:7.2f}")
     print("  by kind: " + ", ".join(f"{k} {v / attribution.total:.1%}" for k, v in
-                                     sorted(attribution.by_kind.items(), key=lambda kv: -kv[1])))
+                                     largest(attribution.by_kind)))
     print("  top source lines:")
-    for line, s in sorted(attribution.by_line.items(), key=lambda kv: -kv[1])[:top]:
+    for line, s in largest(attribution.by_line)[:top]:
         print(f"    {s / attribution.total:6.1%} {1e3 * s / steps:8.2f} ms  {line}")
     return {"median_step_s": median, "step_times_s": wall, "thunk_s_per_step": attribution.total / steps,
             "unattributed_share": attribution.unattributed / max(attribution.total, 1e-12),
             "functions": {f: {d: v / steps for d, v in parts.items()} for f, parts in rows},
             "kinds": {k: v / steps for k, v in attribution.by_kind.items()},
-            "lines": {k: v / steps for k, v in sorted(attribution.by_line.items(), key=lambda kv: -kv[1])[:top]}}
+            "lines": {k: v / steps for k, v in largest(attribution.by_line)[:top]}}
 
 
 def main():
     parser = harness.parser(__doc__)
-    parser.add_argument("--model", default="modernbert-base", help="preset name (nli_jax.models.PRESETS)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--predictions", type=int, default=20, help="max_predictions_per_seq")
-    parser.add_argument("--lr", type=float, default=1e-4)
+    add_step_arguments(parser, model="modernbert-base")
     parser.add_argument("--recipe", default="bert",
                         help='"bert" (mlm_train_step\'s plan) or configs/pretrain/NAME.py as NAME[:variant]')
     parser.add_argument("--steps", type=int, default=5, help="steps timed, then as many profiled")
@@ -199,7 +201,6 @@ def main():
         kinds = collections.defaultdict(float)
         for op, s in ops.items():
             kinds[torch_kind(op)] += s
-        largest = lambda d: sorted(d.items(), key=lambda kv: -kv[1])  # noqa: E731
         print(f"transformers + PyTorch, same config and batch: median step {median:.4f} s unprofiled; "
               f"self CPU {total / args.steps:.4f} s per step")
         print("  by kind: " + ", ".join(f"{k} {v / total:.1%}" for k, v in largest(kinds)))
